@@ -1,0 +1,1 @@
+"""dpsql: differentially private SQL with a privacy accountant."""

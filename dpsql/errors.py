@@ -1,0 +1,84 @@
+"""The one exception tree of dpsql.
+
+::
+
+    DpsqlError
+    ├── ParameterError (also ValueError)   bad epsilon, delta, option or argument
+    ├── PolicyError                         invalid or missing privacy policy
+    ├── QueryError                          the SQL cannot be answered
+    │   ├── SqlSyntaxError                  malformed SQL
+    │   ├── UnsupportedQueryError           valid SQL outside the allow-list
+    │   └── SchemaError                     unknown table or column, unusable type
+    ├── PrivacyError                        the privacy accountant refuses
+    │   └── BudgetExceededError             the charge would pass a cap or allocation
+    ├── LedgerError                         the ledger is unreadable or inconsistent (fail closed)
+    └── ExecutionError                      the database failed after planning
+
+Messages name the problem and never contain values read from the data.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BudgetExceededError",
+    "DpsqlError",
+    "ExecutionError",
+    "LedgerError",
+    "ParameterError",
+    "PolicyError",
+    "PrivacyError",
+    "QueryError",
+    "SchemaError",
+    "SqlSyntaxError",
+    "UnsupportedQueryError",
+]
+
+
+class DpsqlError(Exception):
+    """Root of every error dpsql raises on purpose."""
+
+
+class ParameterError(DpsqlError, ValueError):
+    """An argument, option or budget value is invalid."""
+
+
+class PolicyError(DpsqlError):
+    """The privacy policy is invalid, missing, or does not cover the query."""
+
+
+class QueryError(DpsqlError):
+    """The SQL cannot be answered; carries the position of the offending clause when known."""
+
+    def __init__(self, message: str, *, line: int | None = None, column: int | None = None):
+        self.line = line
+        self.column = column
+        where = f" (line {line}, column {column})" if line is not None else ""
+        super().__init__(f"{message}{where}")
+
+
+class SqlSyntaxError(QueryError):
+    """The SQL text does not parse."""
+
+
+class UnsupportedQueryError(QueryError):
+    """The SQL parses, but its shape is not one dpsql can answer with a proof of privacy."""
+
+
+class SchemaError(QueryError):
+    """The query names a table or column that the database or policy does not have."""
+
+
+class PrivacyError(DpsqlError):
+    """The privacy accountant refuses the request."""
+
+
+class BudgetExceededError(PrivacyError):
+    """The charge would exceed the dataset cap or the analyst's allocation."""
+
+
+class LedgerError(DpsqlError):
+    """The ledger cannot be read or verified; all queries stop until it is repaired."""
+
+
+class ExecutionError(DpsqlError):
+    """The database failed while running a planned, already-charged query."""
