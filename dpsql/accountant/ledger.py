@@ -1,0 +1,281 @@
+"""The budget ledger: an append-only, hash-chained SQLite file beside the data.
+
+Every release is charged here before its answer leaves the engine. ``charge`` checks the dataset cap
+and the analyst's allocation and appends the entry in one ``BEGIN IMMEDIATE`` transaction, so any
+number of processes sharing the file can never together pass a cap. Policy changes are entries too.
+Each entry stores the hash of the one before it; ``verify`` recomputes the chain and every total,
+and a ledger that fails verification, or cannot be read, stops all queries (fail closed).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from dpsql.accountant.events import Event, event_from_dict, event_to_dict, total
+from dpsql.accountant.limits import Limits
+from dpsql.accountant.units import Cost
+from dpsql.errors import BudgetExceededError, LedgerError, PolicyError
+
+__all__ = ["BudgetLine", "Ledger", "LedgerEntry"]
+
+_GENESIS = "0" * 64
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS entries (
+    seq INTEGER PRIMARY KEY,
+    time TEXT NOT NULL,
+    kind TEXT NOT NULL CHECK (kind IN ('policy', 'charge')),
+    dataset TEXT NOT NULL,
+    analyst TEXT,
+    query TEXT,
+    plan TEXT,
+    mechanism TEXT,
+    payload TEXT NOT NULL,
+    epsilon_units INTEGER NOT NULL,
+    delta_units INTEGER NOT NULL,
+    prev_hash TEXT NOT NULL,
+    hash TEXT NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS entries_no_update BEFORE UPDATE ON entries
+BEGIN SELECT RAISE(ABORT, 'ledger entries are append-only'); END;
+CREATE TRIGGER IF NOT EXISTS entries_no_delete BEFORE DELETE ON entries
+BEGIN SELECT RAISE(ABORT, 'ledger entries are append-only'); END;
+"""
+_COLUMNS = ("seq", "time", "kind", "dataset", "analyst", "query", "plan", "mechanism", "payload",
+            "epsilon_units", "delta_units", "prev_hash", "hash")
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    """One ledger row. ``payload`` is the event tree (charges) or the policy (policy changes)."""
+
+    seq: int
+    time: str
+    kind: str
+    dataset: str
+    analyst: str | None
+    query: str | None
+    plan: str | None
+    mechanism: str | None
+    payload: str
+    epsilon_units: int
+    delta_units: int
+    prev_hash: str
+    hash: str
+
+    @property
+    def cost(self) -> Cost:
+        return Cost(self.epsilon_units, self.delta_units)
+
+    def digest(self) -> str:
+        """The hash this entry must carry: SHA-256 over every other field."""
+        fields = {k: v for k, v in asdict(self).items() if k != "hash"}
+        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["payload"] = json.loads(self.payload)
+        data["plan"] = json.loads(self.plan) if self.plan else None
+        data["epsilon"] = self.cost.epsilon
+        data["delta"] = self.cost.delta
+        return data
+
+
+@dataclass(frozen=True)
+class BudgetLine:
+    """Cap, spent and remaining for the dataset or one analyst."""
+
+    scope: str
+    name: str
+    cap: Cost
+    spent: Cost
+
+    @property
+    def remaining(self) -> Cost:
+        return Cost(max(0, self.cap.epsilon_units - self.spent.epsilon_units),
+                    max(0, self.cap.delta_units - self.spent.delta_units))
+
+
+class Ledger:
+    """The ledger file of one dataset."""
+
+    def __init__(self, path: str | Path, *, dataset: str):
+        self.path = Path(path)
+        self.dataset = dataset
+        try:
+            self._connection = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+            self._connection.execute("PRAGMA journal_mode=WAL")
+            self._connection.execute("PRAGMA synchronous=FULL")
+            self._connection.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as error:
+            raise LedgerError(f"ledger {str(self.path)!r} is unreadable ({error}); "
+                              "all queries are stopped until it is repaired") from None
+        self.verify()
+
+    def close(self) -> None:
+        self._connection.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        connection = self._connection
+        try:
+            connection.execute("BEGIN IMMEDIATE")
+        except sqlite3.DatabaseError as error:
+            raise LedgerError(f"cannot lock ledger {str(self.path)!r}: {error}") from None
+        try:
+            yield connection
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
+        try:
+            connection.execute("COMMIT")
+        except sqlite3.DatabaseError as error:
+            raise LedgerError(f"cannot commit to ledger {str(self.path)!r}: {error}") from None
+
+    def _rows(self, where: str = "", parameters: tuple[Any, ...] = ()) -> list[LedgerEntry]:
+        try:
+            cursor = self._connection.execute(
+                f"SELECT {', '.join(_COLUMNS)} FROM entries {where} ORDER BY seq", parameters)
+            return [LedgerEntry(*row) for row in cursor.fetchall()]
+        except sqlite3.DatabaseError as error:
+            raise LedgerError(f"ledger {str(self.path)!r} is unreadable ({error})") from None
+
+    def entries(self) -> list[LedgerEntry]:
+        """Every entry, oldest first."""
+        return self._rows()
+
+    def verify(self) -> int:
+        """Check the hash chain and every entry's total; return the number of entries.
+
+        Raises ``LedgerError`` naming the first entry that was edited, deleted or reordered.
+        """
+        previous, expected_seq = _GENESIS, 1
+        entries = self._rows()
+        for entry in entries:
+            problem = None
+            if entry.seq != expected_seq:
+                problem = f"sequence gap: expected entry {expected_seq}, found {entry.seq}"
+            elif entry.prev_hash != previous:
+                problem = "does not follow the entry before it (deleted or reordered entries)"
+            elif entry.digest() != entry.hash:
+                problem = "its contents do not match its hash (edited)"
+            elif entry.kind == "charge" and _charge_cost(entry) != entry.cost:
+                problem = "its recorded cost differs from its event tree"
+            if problem:
+                raise LedgerError(f"ledger {str(self.path)!r} fails verification at entry "
+                                  f"{entry.seq}: {problem}; all queries are stopped")
+            previous, expected_seq = entry.hash, expected_seq + 1
+        return len(entries)
+
+    def _append(self, connection: sqlite3.Connection, **fields: Any) -> LedgerEntry:
+        last = connection.execute("SELECT seq, hash FROM entries ORDER BY seq DESC LIMIT 1"
+                                  ).fetchone()
+        seq, previous = (last[0] + 1, last[1]) if last else (1, _GENESIS)
+        time = dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
+        draft = LedgerEntry(seq=seq, time=time, dataset=self.dataset, prev_hash=previous,
+                            hash="", **fields)
+        entry = LedgerEntry(**{**asdict(draft), "hash": draft.digest()})
+        connection.execute(f"INSERT INTO entries ({', '.join(_COLUMNS)}) VALUES "
+                           f"({', '.join('?' * len(_COLUMNS))})", tuple(asdict(entry).values()))
+        return entry
+
+    def _policy(self, connection: sqlite3.Connection) -> dict[str, Any] | None:
+        row = connection.execute(
+            "SELECT payload FROM entries WHERE kind = 'policy' ORDER BY seq DESC LIMIT 1"
+        ).fetchone()
+        return json.loads(row[0]) if row else None
+
+    def _limits(self, connection: sqlite3.Connection) -> Limits:
+        payload = self._policy(connection)
+        if payload is None:
+            raise PolicyError("no privacy policy is set for this database; "
+                              "run `dpsql policy set --db DB --file policy.toml`")
+        return Limits.from_dict(payload["limits"])
+
+    def _spent(self, connection: sqlite3.Connection, analyst: str | None = None) -> Cost:
+        query = "SELECT COALESCE(SUM(epsilon_units), 0), COALESCE(SUM(delta_units), 0) " \
+                "FROM entries WHERE kind = 'charge'"
+        parameters: tuple[Any, ...] = ()
+        if analyst is not None:
+            query += " AND analyst = ?"
+            parameters = (analyst,)
+        epsilon_units, delta_units = connection.execute(query, parameters).fetchone()
+        return Cost(int(epsilon_units), int(delta_units))
+
+    def policy(self) -> dict[str, Any] | None:
+        """The policy document in force (as given to ``set_policy``), or None before one is set."""
+        payload = self._policy(self._connection)
+        return payload["document"] if payload else None
+
+    def set_policy(self, document: dict[str, Any], limits: Limits) -> LedgerEntry:
+        """Record a new policy; refuse caps or allocations below what was already spent."""
+        with self._transaction() as connection:
+            spent = self._spent(connection)
+            if not spent.fits_within(limits.dataset):
+                raise PolicyError(
+                    f"refused: the new dataset cap (epsilon={limits.dataset.epsilon:g}, "
+                    f"delta={limits.dataset.delta:g}) is below what was already spent "
+                    f"(epsilon={spent.epsilon:g}, delta={spent.delta:g})")
+            for name, allocation in limits.analysts.items():
+                used = self._spent(connection, name)
+                if not used.fits_within(allocation):
+                    raise PolicyError(
+                        f"refused: analyst {name!r}'s new allocation (epsilon="
+                        f"{allocation.epsilon:g}, delta={allocation.delta:g}) is below what "
+                        f"they already spent (epsilon={used.epsilon:g}, delta={used.delta:g})")
+            payload = {"document": document, "limits": limits.to_dict()}
+            return self._append(connection, kind="policy", analyst=None, query=None, plan=None,
+                                 mechanism=None, payload=json.dumps(payload, sort_keys=True),
+                                 epsilon_units=0, delta_units=0)
+
+    def charge(self, *, analyst: str, event: Event, query: str, plan: dict[str, Any],
+               mechanism: str) -> LedgerEntry:
+        """Check both limits and record the charge atomically, or raise and record nothing."""
+        cost = total(event)
+        with self._transaction() as connection:
+            limits = self._limits(connection)
+            allocation = limits.analysts.get(analyst)
+            if allocation is None:
+                raise PolicyError(f"analyst {analyst!r} has no allocation in the policy")
+            checks = (
+                (f"dataset {self.dataset!r} cap", self._spent(connection), limits.dataset),
+                (f"analyst {analyst!r} allocation", self._spent(connection, analyst), allocation),
+            )
+            for name, spent, cap in checks:
+                if not (spent + cost).fits_within(cap):
+                    remaining = BudgetLine("", "", cap, spent).remaining
+                    raise BudgetExceededError(
+                        f"budget exceeded: the query needs epsilon={cost.epsilon:g}, "
+                        f"delta={cost.delta:g} but the {name} has epsilon="
+                        f"{remaining.epsilon:g}, delta={remaining.delta:g} remaining")
+            return self._append(connection, kind="charge", analyst=analyst, query=query,
+                                plan=json.dumps(plan, sort_keys=True), mechanism=mechanism,
+                                payload=json.dumps(event_to_dict(event), sort_keys=True),
+                                epsilon_units=cost.epsilon_units, delta_units=cost.delta_units)
+
+    def budget(self, analyst: str | None = None) -> list[BudgetLine]:
+        """Cap, spent and remaining for the dataset and each analyst (or just ``analyst``)."""
+        connection = self._connection
+        limits = self._limits(connection)
+        lines = [BudgetLine("dataset", self.dataset, limits.dataset, self._spent(connection))]
+        for name, allocation in sorted(limits.analysts.items()):
+            if analyst is None or name == analyst:
+                lines.append(BudgetLine("analyst", name, allocation,
+                                        self._spent(connection, name)))
+        if analyst is not None and len(lines) == 1:
+            raise PolicyError(f"analyst {analyst!r} has no allocation in the policy")
+        return lines
+
+
+def _charge_cost(entry: LedgerEntry) -> Cost:
+    try:
+        return total(event_from_dict(json.loads(entry.payload)))
+    except (ValueError, KeyError, TypeError):
+        return Cost(-1, -1)

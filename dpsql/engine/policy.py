@@ -1,0 +1,183 @@
+"""Privacy policies: what may be asked of a dataset, by whom, and with what budget.
+
+A policy is a TOML document validated once, at the boundary, by frozen pydantic models that reject
+unknown keys. Example::
+
+    [dataset]
+    epsilon = 10.0            # total over all analysts
+    delta = 1e-6
+
+    [analysts.alice]
+    epsilon = 4.0
+    delta = 1e-7
+
+    [tables.requests]
+    privacy_unit = "user_id"
+    max_groups_per_unit = 5
+    max_rows_per_group = 1
+    max_rows_per_unit = 20
+
+    [tables.requests.columns.bytes]
+    bounds = [0, 1000000]
+
+    [tables.requests.columns.country]
+    public_keys = ["DK", "NO", "SE"]
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from dpsql.errors import PolicyError
+
+__all__ = [
+    "AnalystPolicy",
+    "ColumnPolicy",
+    "DatasetPolicy",
+    "Policy",
+    "TablePolicy",
+    "load_policy",
+    "parse_policy",
+]
+
+Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]
+Epsilon = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Delta = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
+PublicKey = str | int | float | bool
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class AnalystPolicy(_Frozen):
+    """An analyst's allocation within the dataset cap."""
+
+    epsilon: Epsilon
+    delta: Delta = 0.0
+
+
+class DatasetPolicy(_Frozen):
+    """The dataset's total budget over all analysts, and query defaults."""
+
+    name: Name | None = Field(default=None, description="defaults to the database file's stem")
+    epsilon: Epsilon
+    delta: Delta = 0.0
+    default_query_epsilon: Epsilon | None = Field(
+        default=None, description="epsilon of a query that states none"
+    )
+    default_query_delta: Delta = 0.0
+    confidence: float = Field(default=0.95, gt=0, lt=1, description="level of reported intervals")
+
+
+class ColumnPolicy(_Frozen):
+    """What a column may be used for: summed within bounds, grouped over public keys."""
+
+    bounds: tuple[float, float] | None = None
+    public_keys: tuple[PublicKey, ...] | None = None
+
+    @field_validator("bounds")
+    @classmethod
+    def _ordered_finite(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        if value is not None:
+            low, high = value
+            if not (math.isfinite(low) and math.isfinite(high)) or low > high:
+                raise ValueError(f"bounds must be finite with low <= high, got [{low}, {high}]")
+        return value
+
+    @field_validator("public_keys")
+    @classmethod
+    def _distinct_keys(cls, value: tuple[PublicKey, ...] | None) -> tuple[PublicKey, ...] | None:
+        if value is not None:
+            if not value:
+                raise ValueError("public_keys must not be empty")
+            if len(set(value)) != len(value):
+                raise ValueError("public_keys must be distinct")
+        return value
+
+
+class TablePolicy(_Frozen):
+    """A table's privacy unit, contribution bounds and column rules."""
+
+    privacy_unit: Name
+    max_groups_per_unit: int = Field(default=1, ge=1, le=1_000_000)
+    max_rows_per_group: int = Field(default=1, ge=1, le=1_000_000)
+    max_rows_per_unit: int = Field(default=1, ge=1, le=1_000_000)
+    columns: dict[Name, ColumnPolicy] = Field(default_factory=dict)
+
+    def column(self, name: str) -> ColumnPolicy:
+        """The rules for ``name`` (no rules: counted and filtered only)."""
+        return self.columns.get(name, ColumnPolicy())
+
+
+class Policy(_Frozen):
+    """A dataset's whole privacy policy."""
+
+    dataset: DatasetPolicy
+    analysts: dict[Name, AnalystPolicy] = Field(default_factory=dict)
+    tables: dict[Name, TablePolicy] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _allocations_within_cap(self) -> Policy:
+        for name, analyst in self.analysts.items():
+            if analyst.epsilon > self.dataset.epsilon or analyst.delta > self.dataset.delta:
+                raise ValueError(
+                    f"analyst {name!r} is allocated more than the dataset cap "
+                    f"(epsilon {analyst.epsilon} > {self.dataset.epsilon} "
+                    f"or delta {analyst.delta} > {self.dataset.delta})"
+                )
+        return self
+
+    def table(self, name: str) -> TablePolicy | None:
+        """The policy of ``name``, matched case-insensitively like SQL identifiers."""
+        for key, table in self.tables.items():
+            if key.lower() == name.lower():
+                return table
+        return None
+
+
+def _describe(error: ValidationError) -> str:
+    problems = []
+    for item in error.errors():
+        where = ".".join(str(part) for part in item["loc"]) or "policy"
+        if item["type"] == "extra_forbidden":
+            problems.append(f"unknown key {where!r}")
+        else:
+            problems.append(f"{where}: {item['msg']}")
+    return "; ".join(problems)
+
+
+def parse_policy(data: dict[str, Any] | str) -> Policy:
+    """Validate a policy given as a mapping, TOML text, or JSON text (as stored in the ledger)."""
+    try:
+        if isinstance(data, str):
+            if data.lstrip().startswith("{"):
+                return Policy.model_validate_json(data)
+            data = tomllib.loads(data)
+        return Policy.model_validate(data)
+    except tomllib.TOMLDecodeError as error:
+        raise PolicyError(f"policy is not valid TOML: {error}") from None
+    except ValidationError as error:
+        raise PolicyError(f"invalid policy: {_describe(error)}") from None
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Read and validate a TOML policy file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as error:
+        raise PolicyError(f"cannot read policy file {str(path)!r}: {error.strerror}") from None
+    return parse_policy(text)

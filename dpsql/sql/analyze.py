@@ -1,0 +1,295 @@
+"""Check a parsed query against dpsql's allow-list and turn it into a typed ``QueryShape``.
+
+Only the nodes named here pass; every rejection names the clause, line and column. Literals are
+checked against the column's type in Python and re-emitted as typed literals, so no comparison in
+the generated SQL can fail at run time on some rows (a data-dependent error would itself leak).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from collections.abc import Callable, Mapping
+
+from sqlglot import exp
+
+from dpsql.errors import SchemaError, UnsupportedQueryError
+from dpsql.sql.parse import ParsedQuery
+from dpsql.sql.shape import Aggregate, AggregateKind, ColumnKind, GroupKey, QueryShape
+
+__all__ = ["analyze"]
+
+_SELECT_ARGS = {"expressions", "from", "from_", "where", "group"}
+_CLAUSE_NAMES = {
+    "joins": "JOIN",
+    "having": "HAVING",
+    "order": "ORDER BY",
+    "limit": "LIMIT",
+    "offset": "OFFSET",
+    "with": "WITH (common table expressions)",
+    "with_": "WITH (common table expressions)",
+    "distinct": "SELECT DISTINCT",
+    "qualify": "QUALIFY",
+    "windows": "WINDOW",
+    "laterals": "LATERAL",
+    "pivots": "PIVOT",
+    "sample": "TABLESAMPLE",
+    "into": "SELECT INTO",
+}
+_COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
+_FLIPPED: Mapping[type[exp.Expression], type[exp.Expression]] = {
+    exp.EQ: exp.EQ, exp.NEQ: exp.NEQ, exp.GT: exp.LT, exp.GTE: exp.LTE, exp.LT: exp.GT,
+    exp.LTE: exp.GTE,
+}
+_INT64 = 2**63
+
+
+class _Analyzer:
+    def __init__(self, parsed: ParsedQuery, catalog: Mapping[str, Mapping[str, str]]):
+        self.parsed = parsed
+        self.catalog = catalog
+        self.table = ""
+        self.aliases: set[str] = set()
+        self.columns: dict[str, str] = {}
+
+    def reject(self, node: exp.Expression, message: str,
+               error: type[UnsupportedQueryError | SchemaError] = UnsupportedQueryError) -> None:
+        line, column = self.parsed.position(node)
+        raise error(message, line=line, column=column)
+
+    def shape(self) -> QueryShape:
+        select = self.parsed.expression
+        if not isinstance(select, exp.Select):
+            self.reject(select, f"only SELECT queries are supported, got {select.key.upper()}")
+        for name, value in select.args.items():
+            if name not in _SELECT_ARGS and value:
+                clause = _CLAUSE_NAMES.get(name, name.upper())
+                node = value[0] if isinstance(value, list) else value
+                if not isinstance(node, exp.Expression):
+                    node = select
+                self.reject(node, f"{clause} is not supported; dpsql answers SELECT aggregates "
+                                  "FROM one table with optional WHERE and GROUP BY")
+        self.resolve_table(select.args.get("from_") or select.args.get("from"))
+        where = select.args.get("where")
+        predicate = self.predicate(where.this) if where is not None else None
+        group_by = tuple(self.group_column(node) for node in self.group_nodes(select))
+        outputs = tuple(self.output(node, group_by) for node in select.expressions)
+        if not any(isinstance(o, Aggregate) for o in outputs):
+            self.reject(select, "the select list needs an aggregate: COUNT, SUM or AVG")
+        names = [o.name for o in outputs]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            self.reject(select, f"output column names must be distinct, repeated: {duplicates}")
+        kinds = {name: ColumnKind.of(type_name) for name, type_name in self.columns.items()}
+        return QueryShape(self.table, outputs, group_by, predicate, kinds,
+                          dict(self.parsed.options))
+
+    def resolve_table(self, source: exp.Expression | None) -> None:
+        if source is None:
+            self.reject(self.parsed.expression, "the query needs FROM <table>")
+        table = source.this
+        if not isinstance(table, exp.Table) or not isinstance(table.this, exp.Identifier):
+            self.reject(table, "FROM must name one table (subqueries and functions are not supported)")
+        if table.args.get("db") or table.args.get("catalog"):
+            self.reject(table, "qualified table names are not supported; name the table alone")
+        wanted = table.name
+        matches = [name for name in self.catalog if name.lower() == wanted.lower()]
+        if not matches:
+            self.reject(table, f"unknown table {wanted!r}", SchemaError)
+        self.table = matches[0]
+        self.columns = dict(self.catalog[self.table])
+        self.aliases = {self.table.lower(), wanted.lower()}
+        if table.alias:
+            self.aliases.add(table.alias.lower())
+
+    def column(self, node: exp.Column) -> str:
+        if node.args.get("db") or node.args.get("catalog"):
+            self.reject(node, f"column reference {node.sql()!r} is qualified too deeply")
+        if node.table and node.table.lower() not in self.aliases:
+            self.reject(node, f"unknown table or alias {node.table!r}", SchemaError)
+        if isinstance(node.this, exp.Star):
+            self.reject(node, "* is only allowed inside COUNT(*)")
+        matches = [name for name in self.columns if name.lower() == node.name.lower()]
+        if not matches:
+            self.reject(node, f"unknown column {node.name!r} in table {self.table!r}", SchemaError)
+        return matches[0]
+
+    def kind(self, name: str) -> ColumnKind:
+        return ColumnKind.of(self.columns[name])
+
+    # WHERE ----------------------------------------------------------------------------------
+    def predicate(self, node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Paren):
+            return exp.Paren(this=self.predicate(node.this))
+        if isinstance(node, (exp.And, exp.Or)):
+            return type(node)(this=self.predicate(node.this),
+                              expression=self.predicate(node.expression))
+        if isinstance(node, exp.Not):
+            return exp.Not(this=self.predicate(node.this))
+        if isinstance(node, _COMPARISONS):
+            return self.comparison(node)
+        if isinstance(node, exp.Between):
+            name = self.predicate_column(node.this, "BETWEEN")
+            return exp.Between(this=exp.column(name, quoted=True),
+                               low=self.literal(node.args["low"], name),
+                               high=self.literal(node.args["high"], name))
+        if isinstance(node, exp.In):
+            name = self.predicate_column(node.this, "IN")
+            if node.args.get("query") or node.args.get("unnest") or node.args.get("field"):
+                self.reject(node, "IN takes a list of literals, not a subquery")
+            if not node.expressions:
+                self.reject(node, "IN needs at least one value")
+            values = [self.literal(value, name) for value in node.expressions]
+            return exp.In(this=exp.column(name, quoted=True), expressions=values)
+        if isinstance(node, exp.Is):
+            name = self.predicate_column(node.this, "IS")
+            if not isinstance(node.expression, exp.Null):
+                self.reject(node, "IS is only supported as IS NULL / IS NOT NULL")
+            return exp.Is(this=exp.column(name, quoted=True), expression=exp.Null())
+        if isinstance(node, exp.Column):
+            name = self.column(node)
+            if self.kind(name) is not ColumnKind.BOOLEAN:
+                self.reject(node, f"column {name!r} is not BOOLEAN and cannot stand alone in WHERE")
+            return exp.column(name, quoted=True)
+        if isinstance(node, exp.Boolean):
+            return node.copy()
+        self.reject(node, f"{node.key.upper()} is not supported in WHERE; use comparisons, "
+                          "BETWEEN, IN, IS NULL, AND, OR, NOT on columns and literals")
+        raise AssertionError
+
+    def predicate_column(self, node: exp.Expression, operator: str) -> str:
+        if not isinstance(node, exp.Column):
+            self.reject(node, f"the left side of {operator} must be a column")
+        return self.column(node)
+
+    def comparison(self, node: exp.Expression) -> exp.Expression:
+        left, right = node.this, node.expression
+        operator: type[exp.Expression] = type(node)
+        if not isinstance(left, exp.Column) and isinstance(right, exp.Column):
+            left, right, operator = right, left, _FLIPPED[operator]
+        if not isinstance(left, exp.Column):
+            self.reject(node, "comparisons must be between a column and a literal")
+        if isinstance(right, exp.Column):
+            self.reject(node, "comparisons between two columns are not supported")
+        name = self.column(left)
+        return operator(this=exp.column(name, quoted=True), expression=self.literal(right, name))
+
+    def literal(self, node: exp.Expression, name: str) -> exp.Expression:
+        """A typed literal for comparing with column ``name``, or a precise rejection."""
+        kind = self.kind(name)
+        if isinstance(node, exp.Null):
+            self.reject(node, f"comparing {name!r} with NULL is never true; use IS NULL")
+        coerce: Callable[[exp.Expression, str], exp.Expression] | None = {
+            ColumnKind.INTEGER: self.number,
+            ColumnKind.FLOAT: self.number,
+            ColumnKind.DECIMAL: self.number,
+            ColumnKind.STRING: self.string,
+            ColumnKind.BOOLEAN: self.boolean,
+            ColumnKind.DATE: self.temporal,
+            ColumnKind.TIMESTAMP: self.temporal,
+        }.get(kind)
+        if coerce is None:
+            self.reject(node, f"column {name!r} has type {self.columns[name]}, which dpsql "
+                              "cannot filter on")
+            raise AssertionError
+        return coerce(node, name)
+
+    def number(self, node: exp.Expression, name: str) -> exp.Expression:
+        negative = isinstance(node, exp.Neg)
+        inner = node.this if negative else node
+        if not (isinstance(inner, exp.Literal) and not inner.is_string):
+            self.reject(node, f"column {name!r} is numeric; compare it with a number")
+        text = ("-" if negative else "") + inner.this
+        try:
+            value: int | float = int(text)
+        except ValueError:
+            value = float(text)
+        if isinstance(value, int):
+            if not -_INT64 <= value < _INT64:
+                self.reject(node, f"integer literal out of the 64-bit range for {name!r}")
+            return exp.cast(exp.Literal.number(value), "BIGINT")
+        if not math.isfinite(value):
+            self.reject(node, f"literal compared with {name!r} is not a finite number")
+        return exp.cast(exp.Literal.number(repr(value)), "DOUBLE")
+
+    def string(self, node: exp.Expression, name: str) -> exp.Expression:
+        if not (isinstance(node, exp.Literal) and node.is_string):
+            self.reject(node, f"column {name!r} is a string; compare it with a quoted string")
+        return exp.Literal.string(node.this)
+
+    def boolean(self, node: exp.Expression, name: str) -> exp.Expression:
+        if not isinstance(node, exp.Boolean):
+            self.reject(node, f"column {name!r} is BOOLEAN; compare it with TRUE or FALSE")
+        return node.copy()
+
+    def temporal(self, node: exp.Expression, name: str) -> exp.Expression:
+        kind = self.kind(name)
+        if isinstance(node, exp.Cast) and isinstance(node.this, exp.Literal):
+            node = node.this
+        if not (isinstance(node, exp.Literal) and node.is_string):
+            self.reject(node, f"column {name!r} is a {kind.value}; compare it with an ISO "
+                              "string such as '2024-01-31'")
+        try:
+            if kind is ColumnKind.DATE:
+                text = dt.date.fromisoformat(node.this).isoformat()
+            else:
+                text = dt.datetime.fromisoformat(node.this).isoformat(sep=" ")
+        except ValueError:
+            self.reject(node, f"{node.this!r} is not an ISO {kind.value} for column {name!r}")
+        target = "DATE" if kind is ColumnKind.DATE else "TIMESTAMP"
+        return exp.cast(exp.Literal.string(text), target)
+
+    # SELECT list and GROUP BY ------------------------------------------------------------------
+    def group_nodes(self, select: exp.Select) -> list[exp.Expression]:
+        group = select.args.get("group")
+        if group is None:
+            return []
+        for name, value in group.args.items():
+            if name != "expressions" and value:
+                self.reject(group, f"GROUP BY {name.upper()} is not supported")
+        return list(group.expressions)
+
+    def group_column(self, node: exp.Expression) -> str:
+        if not isinstance(node, exp.Column):
+            self.reject(node, "GROUP BY takes column names only")
+        return self.column(node)
+
+    def output(self, node: exp.Expression, group_by: tuple[str, ...]) -> Aggregate | GroupKey:
+        alias = None
+        if isinstance(node, exp.Alias):
+            alias, node = node.alias, node.this
+        if isinstance(node, exp.Column):
+            name = self.column(node)
+            if name not in group_by:
+                self.reject(node, f"column {name!r} must appear in GROUP BY or inside an aggregate")
+            return GroupKey(name, alias or name)
+        kinds = {exp.Count: AggregateKind.COUNT, exp.Sum: AggregateKind.SUM,
+                 exp.Avg: AggregateKind.AVG}
+        kind = kinds.get(type(node))
+        if kind is None:
+            self.reject(node, f"{node.sql(dialect=self.parsed.dialect)!r} is not supported in the "
+                              "select list; use group columns, COUNT, SUM or AVG")
+            raise AssertionError
+        argument = node.this
+        if isinstance(argument, exp.Distinct):
+            self.reject(node, f"{kind.value.upper()}(DISTINCT ...) is not supported")
+        if node.args.get("expressions"):
+            self.reject(node, f"{kind.value.upper()} takes one argument")
+        default = node.sql(dialect=self.parsed.dialect)
+        if isinstance(argument, exp.Star):
+            if kind is not AggregateKind.COUNT:
+                self.reject(node, f"{kind.value.upper()}(*) is not valid")
+            return Aggregate(kind, None, alias or default)
+        if not isinstance(argument, exp.Column):
+            self.reject(node, f"{kind.value.upper()} takes a column name (expressions inside "
+                              "aggregates are not supported)")
+        column = self.column(argument)
+        if kind is not AggregateKind.COUNT and not self.kind(column).numeric:
+            self.reject(node, f"{kind.value.upper()} needs a numeric column; {column!r} is "
+                              f"{self.columns[column]}")
+        return Aggregate(kind, column, alias or default)
+
+
+def analyze(parsed: ParsedQuery, catalog: Mapping[str, Mapping[str, str]]) -> QueryShape:
+    """Validate ``parsed`` against the allow-list and the catalog (table -> column -> type)."""
+    return _Analyzer(parsed, catalog).shape()

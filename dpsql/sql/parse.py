@@ -1,0 +1,176 @@
+"""Parse SQL with sqlglot, after lifting BigQuery's differential-privacy clause out of the text.
+
+sqlglot does not parse ``SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, delta=1e-6) ...``, so
+dpsql finds the clause with sqlglot's own tokenizer (never inside a string or comment), reads its
+options, and blanks it out with spaces of the same length before parsing. Blanking keeps every offset,
+so errors point at the line and column of the user's original text.
+
+>>> parsed = parse("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=0.5) COUNT(*) FROM t")
+>>> parsed.options
+{'epsilon': 0.5}
+>>> parsed.expression.sql()
+'SELECT COUNT(*) FROM t'
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlglot
+from sqlglot import exp
+from sqlglot.dialects import Dialect
+from sqlglot.errors import ParseError, TokenError
+from sqlglot.tokens import Token, TokenType
+
+from dpsql.errors import ParameterError, SqlSyntaxError, UnsupportedQueryError
+
+__all__ = ["OPTION_TYPES", "ParsedQuery", "parse"]
+
+OPTION_TYPES: Mapping[str, type] = {"epsilon": float, "delta": float}
+"""Options accepted in ``WITH DIFFERENTIAL_PRIVACY OPTIONS(...)``, with their types."""
+
+_CLAUSE_KEYWORDS: Mapping[type[exp.Expression], str] = {
+    exp.Order: "ORDER",
+    exp.Having: "HAVING",
+    exp.Limit: "LIMIT",
+    exp.Offset: "OFFSET",
+    exp.Join: "JOIN",
+    exp.With: "WITH",
+    exp.Window: "OVER",
+    exp.Qualify: "QUALIFY",
+    exp.Distinct: "DISTINCT",
+}
+
+
+@dataclass(frozen=True)
+class ParsedQuery:
+    """A single parsed SELECT, its DP options and the text it came from."""
+
+    text: str
+    dialect: str
+    expression: exp.Expression
+    options: dict[str, Any] = field(default_factory=dict)
+    tokens: tuple[Token, ...] = ()
+
+    def position(self, node: exp.Expression) -> tuple[int | None, int | None]:
+        """1-based line and column where ``node`` starts in the original text, when known."""
+        keyword = _CLAUSE_KEYWORDS.get(type(node))
+        if keyword is not None:
+            for token in self.tokens:
+                if token.text.upper() == keyword:
+                    return _line_column(self.text, token.start)
+        starts = [n.meta["start"] for n in node.walk() if "start" in n.meta]
+        if not starts:
+            return None, None
+        return _line_column(self.text, min(starts))
+
+
+def _line_column(text: str, offset: int) -> tuple[int, int]:
+    line = text.count("\n", 0, offset) + 1
+    return line, offset - (text.rfind("\n", 0, offset) + 1) + 1
+
+
+def _option_value(tokens: list[Token], index: int, text: str) -> tuple[Any, int]:
+    sign = 1
+    token = tokens[index]
+    if token.token_type == TokenType.DASH:
+        sign, index = -1, index + 1
+        token = tokens[index]
+    if token.token_type == TokenType.NUMBER:
+        try:
+            return sign * float(token.text), index + 1
+        except ValueError:
+            pass
+    elif token.token_type == TokenType.STRING and sign == 1:
+        return token.text, index + 1
+    line, column = _line_column(text, token.start)
+    raise SqlSyntaxError(f"expected a number or string in OPTIONS, got {token.text!r}", line=line,
+                         column=column)
+
+
+def _lift_dp_clause(text: str, tokens: list[Token]) -> tuple[str, dict[str, Any]]:
+    """Return the text with the DP clause blanked out, and the clause's options."""
+    start = None
+    for i in range(len(tokens) - 2):
+        if (
+            tokens[i].token_type == TokenType.SELECT
+            and tokens[i + 1].token_type == TokenType.WITH
+            and tokens[i + 2].text.upper() == "DIFFERENTIAL_PRIVACY"
+        ):
+            start = i + 1
+            break
+    if start is None:
+        return text, {}
+    end = start + 2
+    options: dict[str, Any] = {}
+    if end < len(tokens) and tokens[end].text.upper() == "OPTIONS":
+        if end + 1 >= len(tokens) or tokens[end + 1].token_type != TokenType.L_PAREN:
+            line, column = _line_column(text, tokens[end].start)
+            raise SqlSyntaxError("expected '(' after OPTIONS", line=line, column=column)
+        i = end + 2
+        while i < len(tokens) and tokens[i].token_type != TokenType.R_PAREN:
+            name_token = tokens[i]
+            line, column = _line_column(text, name_token.start)
+            name = name_token.text.lower()
+            if name not in OPTION_TYPES:
+                raise UnsupportedQueryError(
+                    f"unknown differential privacy option {name_token.text!r}; "
+                    f"known: {', '.join(sorted(OPTION_TYPES))}",
+                    line=line,
+                    column=column,
+                )
+            if name in options:
+                raise SqlSyntaxError(f"option {name!r} given twice", line=line, column=column)
+            if i + 1 >= len(tokens) or tokens[i + 1].token_type != TokenType.EQ:
+                raise SqlSyntaxError(f"expected '=' after option {name!r}", line=line, column=column)
+            value, i = _option_value(tokens, i + 2, text)
+            try:
+                options[name] = OPTION_TYPES[name](value)
+            except (TypeError, ValueError):
+                raise ParameterError(f"option {name} must be a {OPTION_TYPES[name].__name__}, "
+                                     f"got {value!r}") from None
+            if i < len(tokens) and tokens[i].token_type == TokenType.COMMA:
+                i += 1
+        if i >= len(tokens):
+            raise SqlSyntaxError("unclosed OPTIONS(", line=line if options else None)
+        end = i + 1
+    first, last = tokens[start].start, tokens[end - 1].end + 1
+    blank = "".join(c if c == "\n" else " " for c in text[first:last])
+    return text[:first] + blank + text[last:], options
+
+
+def parse(sql: str, dialect: str = "duckdb") -> ParsedQuery:
+    """Parse one SELECT statement; raise ``SqlSyntaxError`` with line and column when malformed."""
+    if not isinstance(sql, str) or not sql.strip():
+        raise SqlSyntaxError("the query is empty")
+    try:
+        dialect_class = Dialect.get_or_raise(dialect)
+    except ValueError:
+        raise ParameterError(f"unknown SQL dialect {dialect!r}") from None
+    try:
+        tokens = dialect_class.tokenize(sql)
+    except TokenError as error:
+        raise SqlSyntaxError(f"cannot tokenize the query: {error}") from None
+    text, options = _lift_dp_clause(sql, tokens)
+    try:
+        statements = sqlglot.parse(text, read=dialect)
+    except ParseError as error:
+        detail = error.errors[0] if error.errors else {}
+        description = str(detail.get("description", error)).split(". Line")[0]
+        description = re.sub(r"<Token [^>]*?text: ([^,]*),[^>]*>", r"'\1'", description)
+        description = re.sub(r"<class '[\w.]*?(\w+)'>", r"\1", description)
+        highlight = detail.get("highlight")
+        near = f" near {highlight!r}" if highlight else ""
+        line = detail.get("line")
+        column = None
+        if line is not None and highlight is not None:
+            column = max(1, int(detail.get("col", 1)) - len(str(highlight)) + 1)
+        raise SqlSyntaxError(f"malformed SQL: {description}{near}", line=line,
+                             column=column) from None
+    statements = [s for s in statements if s is not None]
+    if len(statements) != 1:
+        raise UnsupportedQueryError(f"expected exactly one statement, got {len(statements)}")
+    return ParsedQuery(sql, dialect, statements[0], options, tuple(tokens))

@@ -1,0 +1,97 @@
+"""The typed shape of an accepted query: what to aggregate, over which rows, grouped by what.
+
+A shape says nothing about privacy; the engine's planner turns it into noisy measurements using the
+policy. Column names in a shape are the database's own spelling.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from sqlglot import exp
+
+__all__ = ["Aggregate", "AggregateKind", "ColumnKind", "GroupKey", "QueryShape"]
+
+
+class ColumnKind(Enum):
+    """What dpsql may do with a column, read off its database type."""
+
+    INTEGER = "integer"
+    FLOAT = "float"
+    DECIMAL = "decimal"
+    STRING = "string"
+    BOOLEAN = "boolean"
+    DATE = "date"
+    TIMESTAMP = "timestamp"
+    OTHER = "other"
+
+    @property
+    def numeric(self) -> bool:
+        return self in (ColumnKind.INTEGER, ColumnKind.FLOAT, ColumnKind.DECIMAL)
+
+    @classmethod
+    def of(cls, type_name: str) -> ColumnKind:
+        """Classify a DuckDB/ANSI type name such as ``BIGINT`` or ``DECIMAL(10,2)``."""
+        name = type_name.upper().split("(")[0].strip()
+        if name in {"TINYINT", "SMALLINT", "INTEGER", "INT", "BIGINT", "HUGEINT", "UTINYINT",
+                    "USMALLINT", "UINTEGER", "UBIGINT", "UHUGEINT", "INT1", "INT2", "INT4",
+                    "INT8", "LONG", "SHORT"}:
+            return cls.INTEGER
+        if name in {"FLOAT", "DOUBLE", "REAL", "FLOAT4", "FLOAT8"}:
+            return cls.FLOAT
+        if name in {"DECIMAL", "NUMERIC"}:
+            return cls.DECIMAL
+        if name in {"VARCHAR", "TEXT", "STRING", "CHAR", "BPCHAR"}:
+            return cls.STRING
+        if name in {"BOOLEAN", "BOOL"}:
+            return cls.BOOLEAN
+        if name == "DATE":
+            return cls.DATE
+        if name.startswith("TIMESTAMP") or name == "DATETIME":
+            return cls.TIMESTAMP
+        return cls.OTHER
+
+
+class AggregateKind(Enum):
+    COUNT = "count"
+    SUM = "sum"
+    AVG = "avg"
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """``COUNT(*)`` (column None), ``COUNT(col)``, ``SUM(col)`` or ``AVG(col)``, named ``name``."""
+
+    kind: AggregateKind
+    column: str | None
+    name: str
+
+
+@dataclass(frozen=True)
+class GroupKey:
+    """A GROUP BY column shown in the select list under ``name``."""
+
+    column: str
+    name: str
+
+
+@dataclass(frozen=True)
+class QueryShape:
+    """One accepted SELECT over one table."""
+
+    table: str
+    outputs: tuple[Aggregate | GroupKey, ...]
+    group_by: tuple[str, ...]
+    where: exp.Expression | None
+    columns: dict[str, ColumnKind]
+    options: dict[str, Any]
+
+    @property
+    def aggregates(self) -> tuple[Aggregate, ...]:
+        return tuple(o for o in self.outputs if isinstance(o, Aggregate))
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(o.name for o in self.outputs)
