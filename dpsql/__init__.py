@@ -1,1 +1,58 @@
-"""dpsql: differentially private SQL with a privacy accountant."""
+"""dpsql: differentially private SQL over DuckDB, with a privacy budget ledger.
+
+>>> import dpsql
+>>> sorted(dpsql.__all__) == dpsql.__all__
+True
+"""
+
+from __future__ import annotations
+
+from dpsql.engine.policy import Policy, load_policy, parse_policy
+from dpsql.engine.results import BudgetReport, BudgetStatus, QueryResult
+from dpsql.engine.session import (
+    Session,
+    connect,
+    database_budget,
+    database_ledger,
+    set_policy,
+    show_policy,
+)
+from dpsql.errors import (
+    BudgetExceededError,
+    DpsqlError,
+    ExecutionError,
+    LedgerError,
+    ParameterError,
+    PolicyError,
+    PrivacyError,
+    QueryError,
+    SchemaError,
+    SqlSyntaxError,
+    UnsupportedQueryError,
+)
+
+__all__ = [
+    "BudgetExceededError",
+    "BudgetReport",
+    "BudgetStatus",
+    "DpsqlError",
+    "ExecutionError",
+    "LedgerError",
+    "ParameterError",
+    "Policy",
+    "PolicyError",
+    "PrivacyError",
+    "QueryError",
+    "QueryResult",
+    "SchemaError",
+    "Session",
+    "SqlSyntaxError",
+    "UnsupportedQueryError",
+    "connect",
+    "database_budget",
+    "database_ledger",
+    "load_policy",
+    "parse_policy",
+    "set_policy",
+    "show_policy",
+]

@@ -33,7 +33,7 @@ Scalar = str | int | float | bool | None
 
 @dataclass(frozen=True)
 class MechanismEvent:
-    """One mechanism run at (epsilon, delta); ``params`` records what an auditor needs to check it."""
+    """One mechanism run at (epsilon, delta); ``params`` is what an auditor needs to check it."""
 
     mechanism: str
     epsilon: float
@@ -73,8 +73,14 @@ def total(event: Event) -> Cost:
 def event_to_dict(event: Event) -> dict[str, Any]:
     """A JSON-ready description of the tree."""
     if isinstance(event, MechanismEvent):
-        return {"type": "mechanism", "mechanism": event.mechanism, "epsilon": event.epsilon,
-                "delta": event.delta, "label": event.label, "params": dict(event.params)}
+        return {
+            "type": "mechanism",
+            "mechanism": event.mechanism,
+            "epsilon": event.epsilon,
+            "delta": event.delta,
+            "label": event.label,
+            "params": dict(event.params),
+        }
     kind = "sequential" if isinstance(event, SequentialEvent) else "parallel"
     return {"type": kind, "events": [event_to_dict(child) for child in event.events]}
 
@@ -83,8 +89,13 @@ def event_from_dict(data: dict[str, Any]) -> Event:
     """Rebuild a tree written by ``event_to_dict``."""
     kind = data.get("type")
     if kind == "mechanism":
-        return MechanismEvent(data["mechanism"], float(data["epsilon"]), float(data["delta"]),
-                              data.get("label", ""), tuple(sorted(data.get("params", {}).items())))
+        return MechanismEvent(
+            data["mechanism"],
+            float(data["epsilon"]),
+            float(data["delta"]),
+            data.get("label", ""),
+            tuple(sorted(data.get("params", {}).items())),
+        )
     children = tuple(event_from_dict(child) for child in data["events"])
     if kind == "sequential":
         return SequentialEvent(children)

@@ -48,8 +48,21 @@ BEGIN SELECT RAISE(ABORT, 'ledger entries are append-only'); END;
 CREATE TRIGGER IF NOT EXISTS entries_no_delete BEFORE DELETE ON entries
 BEGIN SELECT RAISE(ABORT, 'ledger entries are append-only'); END;
 """
-_COLUMNS = ("seq", "time", "kind", "dataset", "analyst", "query", "plan", "mechanism", "payload",
-            "epsilon_units", "delta_units", "prev_hash", "hash")
+_COLUMNS = (
+    "seq",
+    "time",
+    "kind",
+    "dataset",
+    "analyst",
+    "query",
+    "plan",
+    "mechanism",
+    "payload",
+    "epsilon_units",
+    "delta_units",
+    "prev_hash",
+    "hash",
+)
 
 
 @dataclass(frozen=True)
@@ -99,8 +112,10 @@ class BudgetLine:
 
     @property
     def remaining(self) -> Cost:
-        return Cost(max(0, self.cap.epsilon_units - self.spent.epsilon_units),
-                    max(0, self.cap.delta_units - self.spent.delta_units))
+        return Cost(
+            max(0, self.cap.epsilon_units - self.spent.epsilon_units),
+            max(0, self.cap.delta_units - self.spent.delta_units),
+        )
 
 
 class Ledger:
@@ -115,8 +130,10 @@ class Ledger:
             self._connection.execute("PRAGMA synchronous=FULL")
             self._connection.executescript(_SCHEMA)
         except sqlite3.DatabaseError as error:
-            raise LedgerError(f"ledger {str(self.path)!r} is unreadable ({error}); "
-                              "all queries are stopped until it is repaired") from None
+            raise LedgerError(
+                f"ledger {str(self.path)!r} is unreadable ({error}); "
+                "all queries are stopped until it is repaired"
+            ) from None
         self.verify()
 
     def close(self) -> None:
@@ -142,7 +159,8 @@ class Ledger:
     def _rows(self, where: str = "", parameters: tuple[Any, ...] = ()) -> list[LedgerEntry]:
         try:
             cursor = self._connection.execute(
-                f"SELECT {', '.join(_COLUMNS)} FROM entries {where} ORDER BY seq", parameters)
+                f"SELECT {', '.join(_COLUMNS)} FROM entries {where} ORDER BY seq", parameters
+            )
             return [LedgerEntry(*row) for row in cursor.fetchall()]
         except sqlite3.DatabaseError as error:
             raise LedgerError(f"ledger {str(self.path)!r} is unreadable ({error})") from None
@@ -169,21 +187,28 @@ class Ledger:
             elif entry.kind == "charge" and _charge_cost(entry) != entry.cost:
                 problem = "its recorded cost differs from its event tree"
             if problem:
-                raise LedgerError(f"ledger {str(self.path)!r} fails verification at entry "
-                                  f"{entry.seq}: {problem}; all queries are stopped")
+                raise LedgerError(
+                    f"ledger {str(self.path)!r} fails verification at entry "
+                    f"{entry.seq}: {problem}; all queries are stopped"
+                )
             previous, expected_seq = entry.hash, expected_seq + 1
         return len(entries)
 
     def _append(self, connection: sqlite3.Connection, **fields: Any) -> LedgerEntry:
-        last = connection.execute("SELECT seq, hash FROM entries ORDER BY seq DESC LIMIT 1"
-                                  ).fetchone()
+        last = connection.execute(
+            "SELECT seq, hash FROM entries ORDER BY seq DESC LIMIT 1"
+        ).fetchone()
         seq, previous = (last[0] + 1, last[1]) if last else (1, _GENESIS)
         time = dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
-        draft = LedgerEntry(seq=seq, time=time, dataset=self.dataset, prev_hash=previous,
-                            hash="", **fields)
+        draft = LedgerEntry(
+            seq=seq, time=time, dataset=self.dataset, prev_hash=previous, hash="", **fields
+        )
         entry = LedgerEntry(**{**asdict(draft), "hash": draft.digest()})
-        connection.execute(f"INSERT INTO entries ({', '.join(_COLUMNS)}) VALUES "
-                           f"({', '.join('?' * len(_COLUMNS))})", tuple(asdict(entry).values()))
+        connection.execute(
+            f"INSERT INTO entries ({', '.join(_COLUMNS)}) VALUES "
+            f"({', '.join('?' * len(_COLUMNS))})",
+            tuple(asdict(entry).values()),
+        )
         return entry
 
     def _policy(self, connection: sqlite3.Connection) -> dict[str, Any] | None:
@@ -195,13 +220,17 @@ class Ledger:
     def _limits(self, connection: sqlite3.Connection) -> Limits:
         payload = self._policy(connection)
         if payload is None:
-            raise PolicyError("no privacy policy is set for this database; "
-                              "run `dpsql policy set --db DB --file policy.toml`")
+            raise PolicyError(
+                "no privacy policy is set for this database; "
+                "run `dpsql policy set --db DB --file policy.toml`"
+            )
         return Limits.from_dict(payload["limits"])
 
     def _spent(self, connection: sqlite3.Connection, analyst: str | None = None) -> Cost:
-        query = "SELECT COALESCE(SUM(epsilon_units), 0), COALESCE(SUM(delta_units), 0) " \
-                "FROM entries WHERE kind = 'charge'"
+        query = (
+            "SELECT COALESCE(SUM(epsilon_units), 0), COALESCE(SUM(delta_units), 0) "
+            "FROM entries WHERE kind = 'charge'"
+        )
         parameters: tuple[Any, ...] = ()
         if analyst is not None:
             query += " AND analyst = ?"
@@ -222,21 +251,32 @@ class Ledger:
                 raise PolicyError(
                     f"refused: the new dataset cap (epsilon={limits.dataset.epsilon:g}, "
                     f"delta={limits.dataset.delta:g}) is below what was already spent "
-                    f"(epsilon={spent.epsilon:g}, delta={spent.delta:g})")
+                    f"(epsilon={spent.epsilon:g}, delta={spent.delta:g})"
+                )
             for name, allocation in limits.analysts.items():
                 used = self._spent(connection, name)
                 if not used.fits_within(allocation):
                     raise PolicyError(
                         f"refused: analyst {name!r}'s new allocation (epsilon="
                         f"{allocation.epsilon:g}, delta={allocation.delta:g}) is below what "
-                        f"they already spent (epsilon={used.epsilon:g}, delta={used.delta:g})")
+                        f"they already spent (epsilon={used.epsilon:g}, delta={used.delta:g})"
+                    )
             payload = {"document": document, "limits": limits.to_dict()}
-            return self._append(connection, kind="policy", analyst=None, query=None, plan=None,
-                                 mechanism=None, payload=json.dumps(payload, sort_keys=True),
-                                 epsilon_units=0, delta_units=0)
+            return self._append(
+                connection,
+                kind="policy",
+                analyst=None,
+                query=None,
+                plan=None,
+                mechanism=None,
+                payload=json.dumps(payload, sort_keys=True),
+                epsilon_units=0,
+                delta_units=0,
+            )
 
-    def charge(self, *, analyst: str, event: Event, query: str, plan: dict[str, Any],
-               mechanism: str) -> LedgerEntry:
+    def charge(
+        self, *, analyst: str, event: Event, query: str, plan: dict[str, Any], mechanism: str
+    ) -> LedgerEntry:
         """Check both limits and record the charge atomically, or raise and record nothing."""
         cost = total(event)
         with self._transaction() as connection:
@@ -254,11 +294,19 @@ class Ledger:
                     raise BudgetExceededError(
                         f"budget exceeded: the query needs epsilon={cost.epsilon:g}, "
                         f"delta={cost.delta:g} but the {name} has epsilon="
-                        f"{remaining.epsilon:g}, delta={remaining.delta:g} remaining")
-            return self._append(connection, kind="charge", analyst=analyst, query=query,
-                                plan=json.dumps(plan, sort_keys=True), mechanism=mechanism,
-                                payload=json.dumps(event_to_dict(event), sort_keys=True),
-                                epsilon_units=cost.epsilon_units, delta_units=cost.delta_units)
+                        f"{remaining.epsilon:g}, delta={remaining.delta:g} remaining"
+                    )
+            return self._append(
+                connection,
+                kind="charge",
+                analyst=analyst,
+                query=query,
+                plan=json.dumps(plan, sort_keys=True),
+                mechanism=mechanism,
+                payload=json.dumps(event_to_dict(event), sort_keys=True),
+                epsilon_units=cost.epsilon_units,
+                delta_units=cost.delta_units,
+            )
 
     def budget(self, analyst: str | None = None) -> list[BudgetLine]:
         """Cap, spent and remaining for the dataset and each analyst (or just ``analyst``)."""
@@ -267,8 +315,7 @@ class Ledger:
         lines = [BudgetLine("dataset", self.dataset, limits.dataset, self._spent(connection))]
         for name, allocation in sorted(limits.analysts.items()):
             if analyst is None or name == analyst:
-                lines.append(BudgetLine("analyst", name, allocation,
-                                        self._spent(connection, name)))
+                lines.append(BudgetLine("analyst", name, allocation, self._spent(connection, name)))
         if analyst is not None and len(lines) == 1:
             raise PolicyError(f"analyst {analyst!r} has no allocation in the policy")
         return lines

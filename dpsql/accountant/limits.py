@@ -20,11 +20,13 @@ class Limits:
     def to_dict(self) -> dict[str, Any]:
         return {
             "dataset": [self.dataset.epsilon_units, self.dataset.delta_units],
-            "analysts": {name: [c.epsilon_units, c.delta_units]
-                         for name, c in sorted(self.analysts.items())},
+            "analysts": {
+                name: [c.epsilon_units, c.delta_units] for name, c in sorted(self.analysts.items())
+            },
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Limits:
-        return cls(Cost(*data["dataset"]),
-                   {name: Cost(*units) for name, units in data["analysts"].items()})
+        return cls(
+            Cost(*data["dataset"]), {name: Cost(*units) for name, units in data["analysts"].items()}
+        )

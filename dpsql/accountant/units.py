@@ -2,9 +2,9 @@
 
 Floats never accumulate in the ledger. ε is counted in units of 10⁻⁹ and δ in units of 10⁻¹⁸ (both
 fit a 64-bit SQLite integer for any cap dpsql accepts). Charges round up and caps round down, so any
-rounding goes against the analyst. A value is read as the shortest decimal that round-trips its float
-(``0.1`` is one tenth), the number the user wrote. A positive value smaller than one unit cannot be
-represented and is refused.
+rounding goes against the analyst. A value is read as the shortest decimal that round-trips its
+float (``0.1`` is one tenth), the number the user wrote. A positive value smaller than one unit
+cannot be represented and is refused.
 
 >>> Cost.of(0.1, 1e-6)
 Cost(epsilon_units=100000000, delta_units=1000000000000)
@@ -62,14 +62,16 @@ class Cost:
     @classmethod
     def of(cls, epsilon: float, delta: float = 0.0) -> Cost:
         """A charge: rounded up."""
-        return cls(_units(epsilon, EPSILON_RESOLUTION, up=True),
-                   _units(delta, DELTA_RESOLUTION, up=True))
+        return cls(
+            _units(epsilon, EPSILON_RESOLUTION, up=True), _units(delta, DELTA_RESOLUTION, up=True)
+        )
 
     @classmethod
     def cap(cls, epsilon: float, delta: float = 0.0) -> Cost:
         """A cap or allocation: rounded down."""
-        return cls(_units(epsilon, EPSILON_RESOLUTION, up=False),
-                   _units(delta, DELTA_RESOLUTION, up=False))
+        return cls(
+            _units(epsilon, EPSILON_RESOLUTION, up=False), _units(delta, DELTA_RESOLUTION, up=False)
+        )
 
     @property
     def epsilon(self) -> float:
@@ -87,8 +89,9 @@ class Cost:
 
     def join(self, other: Cost) -> Cost:
         """Componentwise maximum: the cost of parallel composition."""
-        return Cost(max(self.epsilon_units, other.epsilon_units),
-                    max(self.delta_units, other.delta_units))
+        return Cost(
+            max(self.epsilon_units, other.epsilon_units), max(self.delta_units, other.delta_units)
+        )
 
     def fits_within(self, budget: Cost) -> bool:
         return self.epsilon_units <= budget.epsilon_units and self.delta_units <= budget.delta_units

@@ -38,7 +38,11 @@ _CLAUSE_NAMES = {
 }
 _COMPARISONS = (exp.EQ, exp.NEQ, exp.GT, exp.GTE, exp.LT, exp.LTE)
 _FLIPPED: Mapping[type[exp.Expression], type[exp.Expression]] = {
-    exp.EQ: exp.EQ, exp.NEQ: exp.NEQ, exp.GT: exp.LT, exp.GTE: exp.LTE, exp.LT: exp.GT,
+    exp.EQ: exp.EQ,
+    exp.NEQ: exp.NEQ,
+    exp.GT: exp.LT,
+    exp.GTE: exp.LTE,
+    exp.LT: exp.GT,
     exp.LTE: exp.GTE,
 }
 _INT64 = 2**63
@@ -52,8 +56,12 @@ class _Analyzer:
         self.aliases: set[str] = set()
         self.columns: dict[str, str] = {}
 
-    def reject(self, node: exp.Expression, message: str,
-               error: type[UnsupportedQueryError | SchemaError] = UnsupportedQueryError) -> None:
+    def reject(
+        self,
+        node: exp.Expression,
+        message: str,
+        error: type[UnsupportedQueryError | SchemaError] = UnsupportedQueryError,
+    ) -> None:
         line, column = self.parsed.position(node)
         raise error(message, line=line, column=column)
 
@@ -67,8 +75,11 @@ class _Analyzer:
                 node = value[0] if isinstance(value, list) else value
                 if not isinstance(node, exp.Expression):
                     node = select
-                self.reject(node, f"{clause} is not supported; dpsql answers SELECT aggregates "
-                                  "FROM one table with optional WHERE and GROUP BY")
+                self.reject(
+                    node,
+                    f"{clause} is not supported; dpsql answers SELECT aggregates "
+                    "FROM one table with optional WHERE and GROUP BY",
+                )
         self.resolve_table(select.args.get("from_") or select.args.get("from"))
         where = select.args.get("where")
         predicate = self.predicate(where.this) if where is not None else None
@@ -81,15 +92,18 @@ class _Analyzer:
         if duplicates:
             self.reject(select, f"output column names must be distinct, repeated: {duplicates}")
         kinds = {name: ColumnKind.of(type_name) for name, type_name in self.columns.items()}
-        return QueryShape(self.table, outputs, group_by, predicate, kinds,
-                          dict(self.parsed.options))
+        return QueryShape(
+            self.table, outputs, group_by, predicate, kinds, dict(self.parsed.options)
+        )
 
     def resolve_table(self, source: exp.Expression | None) -> None:
         if source is None:
             self.reject(self.parsed.expression, "the query needs FROM <table>")
         table = source.this
         if not isinstance(table, exp.Table) or not isinstance(table.this, exp.Identifier):
-            self.reject(table, "FROM must name one table (subqueries and functions are not supported)")
+            self.reject(
+                table, "FROM must name one table (subqueries and functions are not supported)"
+            )
         if table.args.get("db") or table.args.get("catalog"):
             self.reject(table, "qualified table names are not supported; name the table alone")
         wanted = table.name
@@ -122,17 +136,20 @@ class _Analyzer:
         if isinstance(node, exp.Paren):
             return exp.Paren(this=self.predicate(node.this))
         if isinstance(node, (exp.And, exp.Or)):
-            return type(node)(this=self.predicate(node.this),
-                              expression=self.predicate(node.expression))
+            return type(node)(
+                this=self.predicate(node.this), expression=self.predicate(node.expression)
+            )
         if isinstance(node, exp.Not):
             return exp.Not(this=self.predicate(node.this))
         if isinstance(node, _COMPARISONS):
             return self.comparison(node)
         if isinstance(node, exp.Between):
             name = self.predicate_column(node.this, "BETWEEN")
-            return exp.Between(this=exp.column(name, quoted=True),
-                               low=self.literal(node.args["low"], name),
-                               high=self.literal(node.args["high"], name))
+            return exp.Between(
+                this=exp.column(name, quoted=True),
+                low=self.literal(node.args["low"], name),
+                high=self.literal(node.args["high"], name),
+            )
         if isinstance(node, exp.In):
             name = self.predicate_column(node.this, "IN")
             if node.args.get("query") or node.args.get("unnest") or node.args.get("field"):
@@ -153,8 +170,11 @@ class _Analyzer:
             return exp.column(name, quoted=True)
         if isinstance(node, exp.Boolean):
             return node.copy()
-        self.reject(node, f"{node.key.upper()} is not supported in WHERE; use comparisons, "
-                          "BETWEEN, IN, IS NULL, AND, OR, NOT on columns and literals")
+        self.reject(
+            node,
+            f"{node.key.upper()} is not supported in WHERE; use comparisons, "
+            "BETWEEN, IN, IS NULL, AND, OR, NOT on columns and literals",
+        )
         raise AssertionError
 
     def predicate_column(self, node: exp.Expression, operator: str) -> str:
@@ -189,8 +209,9 @@ class _Analyzer:
             ColumnKind.TIMESTAMP: self.temporal,
         }.get(kind)
         if coerce is None:
-            self.reject(node, f"column {name!r} has type {self.columns[name]}, which dpsql "
-                              "cannot filter on")
+            self.reject(
+                node, f"column {name!r} has type {self.columns[name]}, which dpsql cannot filter on"
+            )
             raise AssertionError
         return coerce(node, name)
 
@@ -227,8 +248,11 @@ class _Analyzer:
         if isinstance(node, exp.Cast) and isinstance(node.this, exp.Literal):
             node = node.this
         if not (isinstance(node, exp.Literal) and node.is_string):
-            self.reject(node, f"column {name!r} is a {kind.value}; compare it with an ISO "
-                              "string such as '2024-01-31'")
+            self.reject(
+                node,
+                f"column {name!r} is a {kind.value}; compare it with an ISO "
+                "string such as '2024-01-31'",
+            )
         try:
             if kind is ColumnKind.DATE:
                 text = dt.date.fromisoformat(node.this).isoformat()
@@ -263,12 +287,18 @@ class _Analyzer:
             if name not in group_by:
                 self.reject(node, f"column {name!r} must appear in GROUP BY or inside an aggregate")
             return GroupKey(name, alias or name)
-        kinds = {exp.Count: AggregateKind.COUNT, exp.Sum: AggregateKind.SUM,
-                 exp.Avg: AggregateKind.AVG}
+        kinds = {
+            exp.Count: AggregateKind.COUNT,
+            exp.Sum: AggregateKind.SUM,
+            exp.Avg: AggregateKind.AVG,
+        }
         kind = kinds.get(type(node))
         if kind is None:
-            self.reject(node, f"{node.sql(dialect=self.parsed.dialect)!r} is not supported in the "
-                              "select list; use group columns, COUNT, SUM or AVG")
+            self.reject(
+                node,
+                f"{node.sql(dialect=self.parsed.dialect)!r} is not supported in the "
+                "select list; use group columns, COUNT, SUM or AVG",
+            )
             raise AssertionError
         argument = node.this
         if isinstance(argument, exp.Distinct):
@@ -281,12 +311,18 @@ class _Analyzer:
                 self.reject(node, f"{kind.value.upper()}(*) is not valid")
             return Aggregate(kind, None, alias or default)
         if not isinstance(argument, exp.Column):
-            self.reject(node, f"{kind.value.upper()} takes a column name (expressions inside "
-                              "aggregates are not supported)")
+            self.reject(
+                node,
+                f"{kind.value.upper()} takes a column name (expressions inside "
+                "aggregates are not supported)",
+            )
         column = self.column(argument)
         if kind is not AggregateKind.COUNT and not self.kind(column).numeric:
-            self.reject(node, f"{kind.value.upper()} needs a numeric column; {column!r} is "
-                              f"{self.columns[column]}")
+            self.reject(
+                node,
+                f"{kind.value.upper()} needs a numeric column; {column!r} is "
+                f"{self.columns[column]}",
+            )
         return Aggregate(kind, column, alias or default)
 
 

@@ -2,8 +2,8 @@
 
 sqlglot does not parse ``SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, delta=1e-6) ...``, so
 dpsql finds the clause with sqlglot's own tokenizer (never inside a string or comment), reads its
-options, and blanks it out with spaces of the same length before parsing. Blanking keeps every offset,
-so errors point at the line and column of the user's original text.
+options, and blanks it out with spaces of the same length before parsing. Blanking keeps every
+offset, so errors point at the line and column of the user's original text.
 
 >>> parsed = parse("SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=0.5) COUNT(*) FROM t")
 >>> parsed.options
@@ -87,8 +87,9 @@ def _option_value(tokens: list[Token], index: int, text: str) -> tuple[Any, int]
     elif token.token_type == TokenType.STRING and sign == 1:
         return token.text, index + 1
     line, column = _line_column(text, token.start)
-    raise SqlSyntaxError(f"expected a number or string in OPTIONS, got {token.text!r}", line=line,
-                         column=column)
+    raise SqlSyntaxError(
+        f"expected a number or string in OPTIONS, got {token.text!r}", line=line, column=column
+    )
 
 
 def _lift_dp_clause(text: str, tokens: list[Token]) -> tuple[str, dict[str, Any]]:
@@ -125,13 +126,16 @@ def _lift_dp_clause(text: str, tokens: list[Token]) -> tuple[str, dict[str, Any]
             if name in options:
                 raise SqlSyntaxError(f"option {name!r} given twice", line=line, column=column)
             if i + 1 >= len(tokens) or tokens[i + 1].token_type != TokenType.EQ:
-                raise SqlSyntaxError(f"expected '=' after option {name!r}", line=line, column=column)
+                raise SqlSyntaxError(
+                    f"expected '=' after option {name!r}", line=line, column=column
+                )
             value, i = _option_value(tokens, i + 2, text)
             try:
                 options[name] = OPTION_TYPES[name](value)
             except (TypeError, ValueError):
-                raise ParameterError(f"option {name} must be a {OPTION_TYPES[name].__name__}, "
-                                     f"got {value!r}") from None
+                raise ParameterError(
+                    f"option {name} must be a {OPTION_TYPES[name].__name__}, got {value!r}"
+                ) from None
             if i < len(tokens) and tokens[i].token_type == TokenType.COMMA:
                 i += 1
         if i >= len(tokens):
@@ -168,8 +172,9 @@ def parse(sql: str, dialect: str = "duckdb") -> ParsedQuery:
         column = None
         if line is not None and highlight is not None:
             column = max(1, int(detail.get("col", 1)) - len(str(highlight)) + 1)
-        raise SqlSyntaxError(f"malformed SQL: {description}{near}", line=line,
-                             column=column) from None
+        raise SqlSyntaxError(
+            f"malformed SQL: {description}{near}", line=line, column=column
+        ) from None
     statements = [s for s in statements if s is not None]
     if len(statements) != 1:
         raise UnsupportedQueryError(f"expected exactly one statement, got {len(statements)}")

@@ -35,9 +35,25 @@ class ColumnKind(Enum):
     def of(cls, type_name: str) -> ColumnKind:
         """Classify a DuckDB/ANSI type name such as ``BIGINT`` or ``DECIMAL(10,2)``."""
         name = type_name.upper().split("(")[0].strip()
-        if name in {"TINYINT", "SMALLINT", "INTEGER", "INT", "BIGINT", "HUGEINT", "UTINYINT",
-                    "USMALLINT", "UINTEGER", "UBIGINT", "UHUGEINT", "INT1", "INT2", "INT4",
-                    "INT8", "LONG", "SHORT"}:
+        if name in {
+            "TINYINT",
+            "SMALLINT",
+            "INTEGER",
+            "INT",
+            "BIGINT",
+            "HUGEINT",
+            "UTINYINT",
+            "USMALLINT",
+            "UINTEGER",
+            "UBIGINT",
+            "UHUGEINT",
+            "INT1",
+            "INT2",
+            "INT4",
+            "INT8",
+            "LONG",
+            "SHORT",
+        }:
             return cls.INTEGER
         if name in {"FLOAT", "DOUBLE", "REAL", "FLOAT4", "FLOAT8"}:
             return cls.FLOAT

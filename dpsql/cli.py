@@ -1,0 +1,273 @@
+"""The ``dpsql`` command line: a thin layer over the engine that formats what it returns.
+
+Errors dpsql raises on purpose print one line on stderr and exit with status 1 (2 for usage).
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from dpsql.engine import demo as demo_data
+from dpsql.engine.results import BudgetReport, QueryResult
+from dpsql.engine.session import (
+    connect,
+    database_budget,
+    database_ledger,
+    ledger_path,
+    set_policy,
+    show_policy,
+)
+from dpsql.errors import DpsqlError
+
+_console = Console(highlight=False, markup=False, soft_wrap=True)
+if not _console.is_terminal or _console.width < 160:
+    _console.width = 160
+_db_option = click.option(
+    "--db", "database", required=True, type=click.Path(dir_okay=False), help="DuckDB database file."
+)
+_format = click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["table", "json", "csv"]),
+    default="table",
+    show_default=True,
+)
+
+
+def _number(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.6g}" if abs(value) < 1e6 else f"{value:.0f}"
+    return str(value)
+
+
+def _print_table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
+    table = Table(title=title, title_justify="left")
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(_number(v) for v in row))
+    _console.print(table)
+
+
+def _print_csv(columns: list[str], rows: list[list[Any]]) -> None:
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows(rows)
+    click.echo(buffer.getvalue(), nl=False)
+
+
+def _result_table(result: QueryResult) -> tuple[list[str], list[list[Any]]]:
+    columns: list[str] = []
+    for name in result.columns:
+        columns.append(name)
+        if name in result.intervals:
+            columns += [f"{name}_low", f"{name}_high"]
+    frame = result.to_pandas(intervals=True)
+    return columns, frame[columns].astype(object).values.tolist()
+
+
+def print_result(result: QueryResult, output_format: str, title: str | None = None) -> None:
+    if output_format == "json":
+        click.echo(json.dumps(result.to_dict()))
+        return
+    columns, rows = _result_table(result)
+    if output_format == "csv":
+        _print_csv(columns, rows)
+        return
+    _print_table(title, columns, rows)
+    _console.print(
+        f"spent epsilon={result.epsilon:g} delta={result.delta:g} "
+        f"({result.mechanism}); intervals are {result.confidence:.0%} confidence; "
+        f"ledger entry {result.ledger_entry}"
+    )
+
+
+def print_budget(report: BudgetReport, output_format: str) -> None:
+    if output_format == "json":
+        click.echo(json.dumps(report.model_dump()))
+        return
+    columns = [
+        "scope",
+        "name",
+        "epsilon_cap",
+        "epsilon_spent",
+        "epsilon_remaining",
+        "delta_cap",
+        "delta_spent",
+        "delta_remaining",
+    ]
+    rows = [[getattr(line, c) for c in columns] for line in report.lines]
+    if output_format == "csv":
+        _print_csv(columns, rows)
+    else:
+        _print_table("Privacy budget", columns, rows)
+
+
+@click.group()
+@click.version_option(package_name="dpsql")
+def cli() -> None:
+    """dpsql: differentially private SQL over DuckDB, with a privacy budget ledger."""
+
+
+@cli.group()
+def policy() -> None:
+    """Set or show a database's privacy policy."""
+
+
+@policy.command("set")
+@_db_option
+@click.option(
+    "--file",
+    "policy_file",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="TOML policy file.",
+)
+def policy_set(database: str, policy_file: str) -> None:
+    """Validate a TOML policy against the database and record it in the ledger."""
+    entry = set_policy(database, Path(policy_file))
+    click.echo(f"policy recorded as ledger entry {entry.seq} in {ledger_path(database)}")
+
+
+@policy.command("show")
+@_db_option
+def policy_show(database: str) -> None:
+    """Print the policy in force as JSON."""
+    click.echo(show_policy(database).model_dump_json(indent=2))
+
+
+@cli.command()
+@_db_option
+@click.option("--analyst", required=True, help="Analyst whose allocation is charged.")
+@click.option("--epsilon", type=float, default=None, help="Epsilon for this query.")
+@click.option("--delta", type=float, default=None, help="Delta for this query.")
+@_format
+@click.argument("sql")
+def query(
+    database: str,
+    analyst: str,
+    epsilon: float | None,
+    delta: float | None,
+    output_format: str,
+    sql: str,
+) -> None:
+    """Answer SQL with differential privacy, charging the analyst's budget first."""
+    with connect(database, analyst=analyst) as session:
+        result = session.execute(sql, epsilon=epsilon, delta=delta)
+    print_result(result, output_format)
+
+
+@cli.command()
+@_db_option
+@click.option("--analyst", required=True)
+@click.option("--epsilon", type=float, default=None)
+@click.option("--delta", type=float, default=None)
+@click.argument("sql")
+def explain(
+    database: str, analyst: str, epsilon: float | None, delta: float | None, sql: str
+) -> None:
+    """Show the plan, sensitivities and cost of SQL without reading data or charging."""
+    with connect(database, analyst=analyst) as session:
+        click.echo(json.dumps(session.explain(sql, epsilon=epsilon, delta=delta), indent=2))
+
+
+@cli.command()
+@_db_option
+@click.option("--analyst", default=None, help="Only this analyst (and the dataset).")
+@_format
+def budget(database: str, analyst: str | None, output_format: str) -> None:
+    """Show cap, spent and remaining budget."""
+    print_budget(database_budget(database, analyst), output_format)
+
+
+@cli.command()
+@_db_option
+@_format
+def ledger(database: str, output_format: str) -> None:
+    """List every ledger entry (verified first)."""
+    entries = database_ledger(database)
+    if output_format == "json":
+        click.echo(json.dumps(entries))
+        return
+    columns = ["seq", "time", "kind", "analyst", "epsilon", "delta", "mechanism", "query"]
+    rows = [[e[c] for c in columns] for e in entries]
+    if output_format == "csv":
+        _print_csv(columns, rows)
+    else:
+        _print_table("Ledger", columns, rows)
+
+
+@cli.command()
+@click.option(
+    "--dir",
+    "directory",
+    default="demo",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Where to build the demo database.",
+)
+@click.option("--rows", default=200_000, show_default=True, type=click.IntRange(1000, 10**8))
+def demo(directory: str, rows: int) -> None:
+    """Build a generated demo database, set its policy, and run a few DP queries."""
+    database = Path(directory) / "demo.duckdb"
+    ledger_path(database).unlink(missing_ok=True)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{ledger_path(database)}{suffix}").unlink(missing_ok=True)
+    demo_data.build_demo(database, rows=rows)
+    policy_file = Path(directory) / "policy.toml"
+    policy_file.write_text(demo_data.DEMO_POLICY, encoding="utf-8")
+    set_policy(database, policy_file)
+    _console.print(f"Built {database} ({rows} generated rows) with policy {policy_file}.\n")
+    with connect(database, analyst="alice") as session:
+        for title, sql in demo_data.DEMO_QUERIES:
+            _console.print(title, style="bold")
+            _console.print(f"  {sql}")
+            print_result(session.execute(sql), "table")
+            _console.print()
+        refused = "SELECT url, COUNT(*) FROM requests GROUP BY url"
+        _console.print("A query dpsql refuses (no charge)", style="bold")
+        _console.print(f"  {refused}")
+        try:
+            session.execute(refused)
+        except DpsqlError as error:
+            _console.print(f"  refused: {error}\n")
+        print_budget(session.budget(), "table")
+    _console.print(
+        f"Try: dpsql query --db {database} --analyst alice "
+        '"SELECT country, COUNT(*) FROM requests GROUP BY country"'
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: run the CLI; one-line errors on stderr, no traceback."""
+    try:
+        cli.main(args=argv, prog_name="dpsql", standalone_mode=False)
+    except DpsqlError as error:
+        click.echo(f"dpsql: error: {error}", err=True)
+        return 1
+    except click.exceptions.Abort:
+        click.echo("dpsql: aborted", err=True)
+        return 1
+    except click.ClickException as error:
+        error.show()
+        return error.exit_code
+    return 0
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())
+
+
+if __name__ == "__main__":
+    run()

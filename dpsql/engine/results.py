@@ -1,0 +1,85 @@
+"""What a query returns: noisy values, their intervals, and what they cost."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pandas as pd
+from pydantic import BaseModel, ConfigDict
+
+__all__ = ["BudgetReport", "BudgetStatus", "QueryResult"]
+
+
+class QueryResult(BaseModel):
+    """A released answer.
+
+    ``rows`` hold the noisy values in ``columns`` order; ``intervals`` maps each noisy column to one
+    ``(low, high)`` pair per row, covering the true (bounded) value with probability ``confidence``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    columns: list[str]
+    rows: list[tuple[Any, ...]]
+    intervals: dict[str, list[tuple[float, float]]]
+    noise_scale: dict[str, float]
+    confidence: float
+    epsilon: float
+    delta: float
+    mechanism: str
+    analyst: str
+    ledger_entry: int
+
+    def to_pandas(self, *, intervals: bool = False) -> pd.DataFrame:
+        """The rows as a DataFrame; with ``intervals=True`` also ``<col>_low``/``<col>_high``."""
+        frame = pd.DataFrame(self.rows, columns=self.columns)
+        if intervals:
+            for name, pairs in self.intervals.items():
+                frame[f"{name}_low"] = [p[0] for p in pairs]
+                frame[f"{name}_high"] = [p[1] for p in pairs]
+        return frame
+
+    def to_dict(self) -> dict[str, Any]:
+        """The documented JSON layout of ``dpsql query --format json``."""
+        return {
+            "columns": self.columns,
+            "rows": [list(row) for row in self.rows],
+            "intervals": {k: [list(p) for p in v] for k, v in self.intervals.items()},
+            "confidence": self.confidence,
+            "noise_scale": self.noise_scale,
+            "epsilon_spent": self.epsilon,
+            "delta_spent": self.delta,
+            "mechanism": self.mechanism,
+            "analyst": self.analyst,
+            "ledger_entry": self.ledger_entry,
+        }
+
+
+class BudgetStatus(BaseModel):
+    """Cap, spent and remaining of the dataset or one analyst."""
+
+    model_config = ConfigDict(frozen=True)
+
+    scope: str
+    name: str
+    epsilon_cap: float
+    delta_cap: float
+    epsilon_spent: float
+    delta_spent: float
+    epsilon_remaining: float
+    delta_remaining: float
+
+
+class BudgetReport(BaseModel):
+    """The dataset line first, then one line per analyst."""
+
+    model_config = ConfigDict(frozen=True)
+
+    lines: list[BudgetStatus]
+
+    def for_analyst(self, name: str) -> BudgetStatus | None:
+        return next((s for s in self.lines if s.scope == "analyst" and s.name == name), None)
+
+    @property
+    def dataset(self) -> BudgetStatus:
+        return self.lines[0]

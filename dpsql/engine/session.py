@@ -1,0 +1,442 @@
+"""Sessions: the one path from an analyst's SQL to a charged, noised answer.
+
+``execute`` parses and checks the SQL, plans and prices it from the policy, charges the ledger
+atomically, and only then runs the generated SQL and adds noise. Anything that fails before the
+charge charges nothing; once charged, the charge stands even if the answer is lost.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dpsql.accountant.events import total
+from dpsql.accountant.ledger import Ledger, LedgerEntry
+from dpsql.accountant.limits import Limits
+from dpsql.accountant.units import Cost, check_budget_value
+from dpsql.engine.backends import Backend, DuckDBBackend
+from dpsql.engine.planner import MECHANISM, QueryPlan, plan_query
+from dpsql.engine.policy import Policy, load_policy, parse_policy
+from dpsql.engine.results import BudgetReport, BudgetStatus, QueryResult
+from dpsql.errors import ParameterError, PolicyError
+from dpsql.mechanisms.laplace import interval_half_width, release_counts, release_grid_sums
+from dpsql.mechanisms.random import resolve_rng
+from dpsql.sql.analyze import analyze
+from dpsql.sql.generate import MeasureKind, bounded_aggregate
+from dpsql.sql.parse import parse
+from dpsql.sql.shape import AggregateKind, ColumnKind, GroupKey
+
+__all__ = [
+    "Session",
+    "connect",
+    "database_budget",
+    "database_ledger",
+    "ledger_path",
+    "set_policy",
+    "show_policy",
+]
+
+
+def ledger_path(database: str | Path) -> Path:
+    """Where the ledger of ``database`` lives: beside it, named ``<database>.dpsql.sqlite``."""
+    return Path(f"{database}.dpsql.sqlite")
+
+
+def _dataset_name(database: str | Path, policy: Policy | None) -> str:
+    if policy is not None and policy.dataset.name:
+        return policy.dataset.name
+    return Path(database).stem
+
+
+def _limits(policy: Policy) -> Limits:
+    return Limits(
+        Cost.cap(policy.dataset.epsilon, policy.dataset.delta),
+        {name: Cost.cap(a.epsilon, a.delta) for name, a in policy.analysts.items()},
+    )
+
+
+def _check_against_schema(policy: Policy, catalog: dict[str, dict[str, str]]) -> None:
+    for table_name, table in policy.tables.items():
+        matches = [t for t in catalog if t.lower() == table_name.lower()]
+        if not matches:
+            raise PolicyError(f"policy table {table_name!r} does not exist in the database")
+        columns = catalog[matches[0]]
+        if table.privacy_unit not in columns:
+            raise PolicyError(
+                f"privacy unit {table.privacy_unit!r} is not a column of table {table_name!r}"
+            )
+        for name, rules in table.columns.items():
+            if name not in columns:
+                raise PolicyError(f"policy column {table_name}.{name} does not exist")
+            kind = ColumnKind.of(columns[name])
+            if rules.bounds is not None and not kind.numeric:
+                raise PolicyError(
+                    f"bounds on {table_name}.{name} need a numeric column, it is {columns[name]}"
+                )
+
+
+def set_policy(database: str | Path, policy: Policy | str | Path) -> LedgerEntry:
+    """Validate ``policy`` (a model, TOML text or a path) against the database and record it."""
+    if isinstance(policy, Path) or (isinstance(policy, str) and Path(policy).suffix == ".toml"):
+        policy = load_policy(policy)
+    elif isinstance(policy, str):
+        policy = parse_policy(policy)
+    backend = DuckDBBackend(database)
+    try:
+        _check_against_schema(policy, backend.catalog())
+    finally:
+        backend.close()
+    ledger = Ledger(ledger_path(database), dataset=_dataset_name(database, policy))
+    try:
+        return ledger.set_policy(policy.model_dump(mode="json"), _limits(policy))
+    finally:
+        ledger.close()
+
+
+def show_policy(database: str | Path) -> Policy:
+    """The policy in force for ``database``."""
+    path = ledger_path(database)
+    if not path.exists():
+        raise PolicyError(f"no privacy policy is set for {str(database)!r}")
+    ledger = Ledger(path, dataset=Path(database).stem)
+    try:
+        document = ledger.policy()
+    finally:
+        ledger.close()
+    if document is None:
+        raise PolicyError(f"no privacy policy is set for {str(database)!r}")
+    return Policy.model_validate(document)
+
+
+class Session:
+    """An analyst's connection to one database and its ledger."""
+
+    def __init__(
+        self,
+        database: str | Path,
+        *,
+        analyst: str,
+        backend: Backend | None = None,
+        rng: np.random.Generator | None = None,
+    ):
+        if not isinstance(analyst, str) or not analyst:
+            raise ParameterError(f"analyst must be a non-empty name, got {analyst!r}")
+        self.database = Path(database)
+        self.analyst = analyst
+        self.backend = backend if backend is not None else DuckDBBackend(database)
+        self.rng = resolve_rng(rng)
+        self._ledger = Ledger(ledger_path(database), dataset=self.database.stem)
+        self.policy = self._load_policy()
+        self._ledger.dataset = _dataset_name(database, self.policy)
+        if analyst not in self.policy.analysts:
+            raise PolicyError(f"analyst {analyst!r} has no allocation in the policy")
+
+    def _load_policy(self) -> Policy:
+        document = self._ledger.policy()
+        if document is None:
+            raise PolicyError(
+                f"no privacy policy is set for {str(self.database)!r}; run "
+                "`dpsql policy set --db DB --file policy.toml`"
+            )
+        return Policy.model_validate(document)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.backend.close()
+        self._ledger.close()
+
+    # planning -----------------------------------------------------------------------------------
+    def _plan(self, sql: str, epsilon: float | None, delta: float | None) -> tuple[QueryPlan, str]:
+        parsed = parse(sql, self.backend.dialect)
+        shape = analyze(parsed, self.backend.catalog())
+        self.policy = self._load_policy()
+        options = shape.options
+        for name, given in (("epsilon", epsilon), ("delta", delta)):
+            if given is not None and name in options and options[name] != given:
+                raise ParameterError(
+                    f"{name} is given both in OPTIONS ({options[name]}) and as "
+                    f"an argument ({given}); give it once"
+                )
+        epsilon = (
+            epsilon
+            if epsilon is not None
+            else options.get("epsilon", self.policy.dataset.default_query_epsilon)
+        )
+        if epsilon is None:
+            raise ParameterError(
+                "no epsilon given: pass epsilon=..., use "
+                "WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=...), or set "
+                "dataset.default_query_epsilon in the policy"
+            )
+        delta = (
+            delta
+            if delta is not None
+            else options.get("delta", self.policy.dataset.default_query_delta)
+        )
+        epsilon = check_budget_value("epsilon", epsilon, allow_zero=False)
+        delta = check_budget_value("delta", delta, allow_zero=True)
+        plan = plan_query(shape, self.policy, epsilon=epsilon, delta=delta)
+        return plan, parsed.expression.sql(dialect=self.backend.dialect)
+
+    def explain(
+        self, sql: str, *, epsilon: float | None = None, delta: float | None = None
+    ) -> dict[str, Any]:
+        """Plan, mechanism, sensitivities and cost of ``sql``, without reading data or charging."""
+        plan, normalized = self._plan(sql, epsilon, delta)
+        cost = total(plan.event)
+        status = self.budget()
+        return {
+            "query": normalized,
+            "plan": plan.summary(),
+            "cost": {"epsilon": cost.epsilon, "delta": cost.delta},
+            "draws_on": [
+                status.dataset.model_dump(),
+                status.for_analyst(self.analyst).model_dump(),
+            ],  # type: ignore[union-attr]
+        }
+
+    # execution ----------------------------------------------------------------------------------
+    def execute(
+        self, sql: str, *, epsilon: float | None = None, delta: float | None = None
+    ) -> QueryResult:
+        """Answer ``sql`` with differential privacy, charging the analyst's budget first."""
+        plan, normalized = self._plan(sql, epsilon, delta)
+        entry = self._ledger.charge(
+            analyst=self.analyst,
+            event=plan.event,
+            query=normalized,
+            plan=plan.summary(),
+            mechanism=MECHANISM,
+        )
+        salt = int(self.rng.integers(0, 2**62))
+        generated = bounded_aggregate(
+            plan.shape,
+            measures=[m.measure for m in plan.measurements],
+            bounds=plan.bounds,
+            public_keys=plan.key_literals,
+            salt=salt,
+            dialect=self.backend.dialect,
+        )
+        frame = self.backend.run(generated)
+        return self._release(plan, frame, entry)
+
+    def _aligned(self, plan: QueryPlan, frame: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple]]:
+        """True aggregates for every public key combination (absent keys count zero)."""
+        group_by = list(plan.shape.group_by)
+        names = [m.measure.name for m in plan.measurements]
+        if not group_by:
+            if frame.empty:
+                frame = pd.DataFrame({n: [0] for n in names})
+            return frame[names].astype("int64"), [()]
+        domains = []
+        for column in group_by:
+            values = list(plan.key_domain[column])
+            if plan.shape.columns[column] in (ColumnKind.DATE, ColumnKind.TIMESTAMP):
+                frame[column] = pd.to_datetime(frame[column])
+                values = [pd.Timestamp(v) for v in values]
+            domains.append(values)
+        if len(domains) == 1:
+            index = pd.Index(domains[0], name=group_by[0])
+        else:
+            index = pd.MultiIndex.from_product(domains, names=group_by)
+        aligned = frame.set_index(group_by)[names].reindex(index, fill_value=0).astype("int64")
+        keys = [
+            tuple(_plain(v) for v in (k if isinstance(k, tuple) else (k,))) for k in index.to_list()
+        ]
+        return aligned, keys
+
+    def _release(self, plan: QueryPlan, frame: pd.DataFrame, entry: LedgerEntry) -> QueryResult:
+        aligned, keys = self._aligned(plan, frame)
+        confidence = plan.confidence
+        noisy: dict[str, np.ndarray] = {}
+        intervals: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        scales: dict[str, float] = {}
+        half_widths_for_ratio: dict[str, float] = {}
+        for m in plan.measurements:
+            exact = aligned[m.measure.name].to_numpy()
+            if m.measure.kind is MeasureKind.SUM:
+                release = release_grid_sums(
+                    exact,
+                    epsilon=m.epsilon,
+                    sensitivity_units=m.sensitivity_units,
+                    grid=m.grid,
+                    rng=self.rng,
+                    confidence=confidence,
+                )
+            else:
+                release = release_counts(
+                    exact,
+                    epsilon=m.epsilon,
+                    sensitivity=m.sensitivity_units,
+                    rng=self.rng,
+                    confidence=confidence,
+                )
+            noisy[m.label] = release.values
+            lower, upper = release.lower, release.upper
+            if m.measure.kind is not MeasureKind.SUM:
+                lower, upper = lower.astype(np.int64), upper.astype(np.int64)
+            intervals[m.label] = (lower, upper)
+            scales[m.label] = release.scale
+            half_widths_for_ratio[m.label] = (
+                interval_half_width(m.scale, (1 + confidence) / 2) * m.grid
+            )
+
+        columns: dict[str, list[Any]] = {}
+        result_intervals: dict[str, list[tuple[float, float]]] = {}
+        result_scales: dict[str, float] = {}
+        for output in plan.shape.outputs:
+            if isinstance(output, GroupKey):
+                index = plan.shape.group_by.index(output.column)
+                columns[output.name] = [k[index] for k in keys]
+                continue
+            if output.kind is AggregateKind.COUNT:
+                label = next(
+                    m.label
+                    for m in plan.measurements
+                    if m.measure.column == output.column
+                    and m.measure.clamp is None
+                    and m.measure.kind is not MeasureKind.SUM
+                )
+            else:
+                label = f"SUM({output.column})"
+            if output.kind is AggregateKind.AVG:
+                low, high = plan.table.column(output.column or "").bounds  # type: ignore[misc]
+                count_label = f"COUNT({output.column}) within bounds"
+                values, lower, upper = _ratio(
+                    noisy[label],
+                    noisy[count_label],
+                    half_widths_for_ratio[label],
+                    half_widths_for_ratio[count_label],
+                    low,
+                    high,
+                )
+                result_scales[output.name] = float("nan")
+            else:
+                values = noisy[label]
+                lower, upper = intervals[label]
+                result_scales[output.name] = scales[label]
+            columns[output.name] = [_plain(v) for v in values]
+            result_intervals[output.name] = [
+                (_plain(a), _plain(b)) for a, b in zip(lower, upper, strict=True)
+            ]
+        names = list(plan.shape.column_names)
+        rows = list(zip(*(columns[n] for n in names), strict=True))
+        return QueryResult(
+            columns=names,
+            rows=rows,
+            intervals=result_intervals,
+            noise_scale=result_scales,
+            confidence=confidence,
+            epsilon=entry.cost.epsilon,
+            delta=entry.cost.delta,
+            mechanism=MECHANISM,
+            analyst=self.analyst,
+            ledger_entry=entry.seq,
+        )
+
+    # budget and ledger --------------------------------------------------------------------------
+    def budget(self) -> BudgetReport:
+        """Cap, spent and remaining for the dataset and this analyst."""
+        return budget_report(self._ledger, self.analyst)
+
+    def ledger(self) -> list[dict[str, Any]]:
+        """Every ledger entry, oldest first."""
+        return [entry.to_dict() for entry in self._ledger.entries()]
+
+
+def budget_report(ledger: Ledger, analyst: str | None = None) -> BudgetReport:
+    """Budget lines of ``ledger`` as a result model."""
+    return BudgetReport(
+        lines=[
+            BudgetStatus(
+                scope=line.scope,
+                name=line.name,
+                epsilon_cap=line.cap.epsilon,
+                delta_cap=line.cap.delta,
+                epsilon_spent=line.spent.epsilon,
+                delta_spent=line.spent.delta,
+                epsilon_remaining=line.remaining.epsilon,
+                delta_remaining=line.remaining.delta,
+            )
+            for line in ledger.budget(analyst)
+        ]
+    )
+
+
+def _open_ledger(database: str | Path) -> Ledger:
+    path = ledger_path(database)
+    if not path.exists():
+        raise PolicyError(f"no privacy policy is set for {str(database)!r}")
+    ledger = Ledger(path, dataset=Path(database).stem)
+    document = ledger.policy()
+    if document is not None:
+        ledger.dataset = _dataset_name(database, Policy.model_validate(document))
+    return ledger
+
+
+def database_budget(database: str | Path, analyst: str | None = None) -> BudgetReport:
+    """Budget of a database's dataset and analysts (or one analyst), without a session."""
+    ledger = _open_ledger(database)
+    try:
+        return budget_report(ledger, analyst)
+    finally:
+        ledger.close()
+
+
+def database_ledger(database: str | Path) -> list[dict[str, Any]]:
+    """Every ledger entry of a database, oldest first (verified on open)."""
+    ledger = _open_ledger(database)
+    try:
+        return [entry.to_dict() for entry in ledger.entries()]
+    finally:
+        ledger.close()
+
+
+def _ratio(
+    sums: np.ndarray,
+    counts: np.ndarray,
+    sum_half: float,
+    count_half: float,
+    low: float,
+    high: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """AVG = noisy SUM / noisy COUNT, clamped to the bounds; the interval joins the two
+    (1+c)/2 intervals (union bound), so it covers with probability at least c."""
+    values = np.clip(sums / np.maximum(counts, 1), low, high)
+    count_low = counts - count_half
+    count_high = counts + count_half
+    corners = np.stack(
+        [
+            (sums + s) / c
+            for s in (-sum_half, sum_half)
+            for c in (np.maximum(count_low, 1), np.maximum(count_high, 1))
+        ]
+    )
+    lower = np.where(count_low >= 1, np.clip(corners.min(axis=0), low, high), low)
+    upper = np.where(count_low >= 1, np.clip(corners.max(axis=0), low, high), high)
+    return values, lower, upper
+
+
+def _plain(value: Any) -> Any:
+    """NumPy and pandas scalars as plain Python values (dates as ISO strings)."""
+    if isinstance(value, pd.Timestamp):
+        return value.isoformat() if value.time() != dt.time() else value.date().isoformat()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def connect(
+    database: str | Path, *, analyst: str, rng: np.random.Generator | None = None
+) -> Session:
+    """Open a session on a DuckDB database file whose policy has been set."""
+    return Session(database, analyst=analyst, rng=rng)
