@@ -21,7 +21,7 @@ from dpsql.mechanisms.laplace import choose_grid, noise_scale
 from dpsql.sql.generate import Bounds, Measure, MeasureKind
 from dpsql.sql.shape import AggregateKind, ColumnKind, QueryShape
 
-__all__ = ["MAX_GROUPS", "MeasurementPlan", "QueryPlan", "plan_query"]
+__all__ = ["MAX_GROUPS", "MeasurementPlan", "QueryPlan", "key_literal", "plan_query"]
 
 MAX_GROUPS = 10_000_000
 """Largest public key domain (product over group columns) one query may answer."""
@@ -112,7 +112,7 @@ class QueryPlan:
         }
 
 
-def _key_literal(value: PublicKey, kind: ColumnKind, column: str) -> tuple[Any, exp.Expression]:
+def key_literal(value: PublicKey, kind: ColumnKind, column: str) -> tuple[Any, exp.Expression]:
     """A public key as a Python value and a typed SQL literal for ``column``'s type."""
     problem = f"public key {value!r} of column {column!r} does not match its type ({kind.value})"
     if kind is ColumnKind.STRING and isinstance(value, str):
@@ -162,7 +162,7 @@ def plan_query(shape: QueryShape, policy: Policy, *, epsilon: float, delta: floa
                 f"[tables.{shape.table}.columns.{column}] public_keys = [...] in the policy "
                 "(releasing keys found in the data is not supported yet)"
             )
-        pairs = [_key_literal(k, shape.columns[column], column) for k in keys]
+        pairs = [key_literal(k, shape.columns[column], column) for k in keys]
         key_domain[column] = tuple(p[0] for p in pairs)
         key_literals[column] = tuple(p[1] for p in pairs)
     if math.prod(len(v) for v in key_domain.values()) > MAX_GROUPS:

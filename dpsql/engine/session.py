@@ -19,7 +19,7 @@ from dpsql.accountant.ledger import Ledger, LedgerEntry
 from dpsql.accountant.limits import Limits
 from dpsql.accountant.units import Cost, check_budget_value
 from dpsql.engine.backends import Backend, DuckDBBackend
-from dpsql.engine.planner import MECHANISM, QueryPlan, plan_query
+from dpsql.engine.planner import MECHANISM, QueryPlan, key_literal, plan_query
 from dpsql.engine.policy import Policy, load_policy, parse_policy
 from dpsql.engine.results import BudgetReport, BudgetStatus, QueryResult
 from dpsql.errors import ParameterError, PolicyError
@@ -73,6 +73,8 @@ def _check_against_schema(policy: Policy, catalog: dict[str, dict[str, str]]) ->
             if name not in columns:
                 raise PolicyError(f"policy column {table_name}.{name} does not exist")
             kind = ColumnKind.of(columns[name])
+            for key in rules.public_keys or ():
+                key_literal(key, kind, f"{table_name}.{name}")
             if rules.bounds is not None and not kind.numeric:
                 raise PolicyError(
                     f"bounds on {table_name}.{name} need a numeric column, it is {columns[name]}"

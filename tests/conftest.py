@@ -1,0 +1,40 @@
+"""Shared fixtures: small generated databases with policies, and seeded generators."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpsql.engine.demo import DEMO_POLICY, build_demo
+from dpsql.engine.session import set_policy
+
+
+@pytest.fixture
+def rng() -> np.random.Generator:
+    return np.random.default_rng(20261121)
+
+
+@pytest.fixture
+def demo_db(tmp_path: Path) -> Path:
+    """The demo database (20k rows) with the demo policy set."""
+    database = build_demo(tmp_path / "demo.duckdb", rows=20_000, users=2_000)
+    set_policy(database, DEMO_POLICY)
+    return database
+
+
+def make_database(path: Path, tables: dict[str, pd.DataFrame], policy: str) -> Path:
+    """A DuckDB file holding ``tables``, with ``policy`` set."""
+    connection = duckdb.connect(str(path))
+    try:
+        for name, frame in tables.items():
+            connection.register("frame", frame)
+            connection.execute(f'CREATE TABLE "{name}" AS SELECT * FROM frame')
+            connection.unregister("frame")
+    finally:
+        connection.close()
+    set_policy(path, policy)
+    return path

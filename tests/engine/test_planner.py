@@ -1,0 +1,76 @@
+"""Sensitivities and costs come from the shape and the policy only."""
+
+from __future__ import annotations
+
+import pytest
+
+from dpsql.accountant.events import total
+from dpsql.engine.planner import plan_query
+from dpsql.engine.policy import parse_policy
+from dpsql.errors import ParameterError, PolicyError, UnsupportedQueryError
+from dpsql.sql.analyze import analyze
+from dpsql.sql.generate import MeasureKind
+from dpsql.sql.parse import parse
+
+POLICY = parse_policy("""
+[dataset]
+epsilon = 10.0
+[analysts.a]
+epsilon = 10.0
+[tables.t]
+privacy_unit = "u"
+max_groups_per_unit = 3
+max_rows_per_group = 2
+max_rows_per_unit = 4
+[tables.t.columns.x]
+bounds = [-50, 200]
+[tables.t.columns.g]
+public_keys = ["a", "b"]
+[tables.t.columns.h]
+public_keys = [1, 2, 3]
+""")
+CATALOG = {"t": {"u": "BIGINT", "g": "VARCHAR", "h": "INTEGER", "x": "DOUBLE", "y": "DOUBLE"}}
+
+
+def plan(sql: str, epsilon: float = 1.0):
+    return plan_query(analyze(parse(sql), CATALOG), POLICY, epsilon=epsilon, delta=0.0)
+
+
+def test_ungrouped_count_uses_rows_per_unit() -> None:
+    (m,) = plan("SELECT COUNT(*) FROM t").measurements
+    assert (m.measure.kind, m.sensitivity_units, m.epsilon) == (MeasureKind.ROWS, 4, 1.0)
+
+
+def test_grouped_count_uses_the_smaller_of_l0_linf_and_rows_per_unit() -> None:
+    (m,) = plan("SELECT g, COUNT(*) FROM t GROUP BY g").measurements
+    assert m.sensitivity_units == min(3 * 2, 4)
+    p = plan("SELECT g, h, COUNT(*) FROM t GROUP BY g, h")
+    assert p.groups == 6 and p.key_domain == {"g": ("a", "b"), "h": (1, 2, 3)}
+
+
+def test_sum_sensitivity_is_rows_times_largest_bound_in_grid_units() -> None:
+    (m,) = plan("SELECT SUM(x) FROM t", epsilon=0.5).measurements
+    assert m.sensitivity_units * m.grid >= 4 * 200
+    assert m.sensitivity_units * m.grid <= 4 * (200 + m.grid)
+    assert 2**10 <= float(m.scale) < 2**11 + 1  # noise scale in grid units
+    assert m.grid == 2.0 ** round(__import__("math").log2(m.grid))
+
+
+def test_avg_is_a_sum_and_a_count_and_epsilon_splits_exactly() -> None:
+    p = plan("SELECT COUNT(*), AVG(x), SUM(x) FROM t", epsilon=1.0)
+    labels = [m.label for m in p.measurements]
+    assert labels == ["COUNT(*)", "SUM(x)", "COUNT(x) within bounds"]
+    assert total(p.event).epsilon == 1.0
+    assert sum(m.epsilon for m in p.measurements) == pytest.approx(1.0, abs=1e-12)
+
+
+def test_refusals_name_what_the_policy_lacks() -> None:
+    with pytest.raises(PolicyError, match=r"SUM\(y\) needs declared bounds"):
+        plan("SELECT SUM(y) FROM t")
+    with pytest.raises(UnsupportedQueryError, match="GROUP BY 'x' needs a public key set"):
+        plan("SELECT x, COUNT(*) FROM t GROUP BY x")
+    with pytest.raises(ParameterError, match="too small to split"):
+        plan("SELECT COUNT(*), COUNT(x), SUM(x) FROM t", epsilon=2e-9)
+    other = {"s": {"u": "BIGINT"}}
+    with pytest.raises(PolicyError, match="not covered by the privacy policy"):
+        plan_query(analyze(parse("SELECT COUNT(*) FROM s"), other), POLICY, epsilon=1, delta=0)
