@@ -4,16 +4,26 @@ The query is built from a ``QueryShape`` and explicit bounds, in DuckDB's dialec
 with sqlglot to the backend's dialect. Inside the database it:
 
 1. filters rows with the validated WHERE clause and restricts group columns to their public keys;
-2. keeps at most ``max_rows_per_group`` rows per (privacy unit, group), at most
-   ``max_groups_per_unit`` groups per unit, and at most ``max_rows_per_unit`` rows per unit (window
-   functions partitioned by the unit, ordered by a salted hash: an arbitrary choice that depends
-   only on that unit's own rows);
-3. clamps summed values to their declared bounds and rounds them to the noise grid, as integers;
-4. aggregates per group, so only one row per group leaves the database.
+2. clamps summed values to their declared bounds and rounds them to the noise grid, as integers;
+3. aggregates each (privacy unit, group) into one *cell* (hash aggregation, no sort over rows);
+4. bounds contributions on the cells: a unit keeps at most ``max_groups_per_unit`` groups (a
+   window over its cells ordered by a salted hash of the key, only when the key domain is larger
+   than that bound), and a cell with more than ``max_rows_per_group`` rows is scaled down to that
+   many rows' worth (every measure of the cell multiplied by ``max_rows_per_group / rows``), and
+   likewise a unit over ``max_rows_per_unit``; scaled values are truncated toward zero;
+5. aggregates per group, so only one row per group leaves the database.
+
+Scaling is the expectation of keeping a uniformly random subset of the rows, and it bounds a unit's
+contribution exactly as row selection would: at most ``max_rows_per_group`` rows' worth per group,
+``max_groups_per_unit`` groups and ``max_rows_per_unit`` rows' worth in all, each row's value within
+its bounds. Every cell depends on its own unit's rows only, so the L1 sensitivity of the output
+is ``min(max_groups_per_unit * max_rows_per_group, max_rows_per_unit)`` rows' worth
+(``max_rows_per_unit`` without GROUP BY).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -96,10 +106,6 @@ def bounded_aggregate(
         for i, m in enumerate(measures)
         if m.kind is not MeasureKind.ROWS
     ]
-    hashed = [_identifier(bounds.unit), *(_identifier(c) for c in shape.group_by)]
-    hashed += [_identifier(m.column) for m in measures if m.column]
-    select.append(f"HASH({', '.join(dict.fromkeys(hashed))}, {int(salt)}) AS __row_hash")
-
     conditions = []
     if shape.where is not None:
         conditions.append(f"({shape.where.sql(dialect='duckdb')})")
@@ -108,39 +114,53 @@ def bounded_aggregate(
         conditions.append(f"{_identifier(column)} IN ({values})")
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
     ctes = [f"source AS (SELECT {', '.join(select)} FROM {_identifier(shape.table)}{where})"]
-    previous = "source"
-    if keys:
-        key_list = ", ".join(keys)
-        ctes.append(
-            "per_group AS (SELECT *, ROW_NUMBER() OVER (PARTITION BY __unit, "
-            f"{key_list} ORDER BY __row_hash) AS __row_in_group FROM source)"
-        )
-        ctes.append(
-            "groups_ranked AS (SELECT *, DENSE_RANK() OVER (PARTITION BY __unit ORDER BY "
-            f"HASH({key_list}, {int(salt)}), {key_list}) AS __group_rank FROM per_group "
-            f"WHERE __row_in_group <= {int(bounds.max_rows_per_group)})"
-        )
-        previous = f"groups_ranked WHERE __group_rank <= {int(bounds.max_groups_per_unit)}"
-    ctes.append(
-        "per_unit AS (SELECT *, ROW_NUMBER() OVER (PARTITION BY __unit ORDER BY __row_hash) "
-        f"AS __row_in_unit FROM {previous})"
-    )
-    aggregates = []
+
+    # One cell per (unit, group): what the unit's rows add to the group, before bounding.
+    cell_measures = []
     for i, measure in enumerate(measures):
         if measure.kind is MeasureKind.ROWS:
-            aggregates.append(f"COUNT(*) AS {_identifier(measure.name)}")
+            cell_measures.append(f"CAST(COUNT(*) AS DOUBLE) AS __cell{i}")
         elif measure.kind is MeasureKind.COUNT:
-            aggregates.append(f"COUNT(__value{i}) AS {_identifier(measure.name)}")
+            cell_measures.append(f"CAST(COUNT(__value{i}) AS DOUBLE) AS __cell{i}")
         else:
-            total = f"COALESCE(SUM(__value{i}), 0)"
-            aggregates.append(
-                f"CAST(LEAST(GREATEST({total}, -{_EXACT}), {_EXACT}) AS BIGINT) "
-                f"AS {_identifier(measure.name)}"
-            )
+            cell_measures.append(f"CAST(COALESCE(SUM(__value{i}), 0) AS DOUBLE) AS __cell{i}")
+    unit_and_keys = ", ".join(["__unit", *keys])
+    ctes.append(
+        f"cells AS (SELECT {unit_and_keys}, CAST(COUNT(*) AS DOUBLE) AS __rows, "
+        f"{', '.join(cell_measures)} FROM source GROUP BY {unit_and_keys})"
+    )
+    previous = "cells"
+    domain = math.prod(len(public_keys[c]) for c in shape.group_by) if keys else 1
+    per_group = bounds.max_rows_per_group if keys else bounds.max_rows_per_unit
+    if keys and domain > bounds.max_groups_per_unit:
+        key_list = ", ".join(keys)
+        ctes.append(
+            "ranked AS (SELECT *, ROW_NUMBER() OVER (PARTITION BY __unit ORDER BY "
+            f"HASH({key_list}, {int(salt)}), {key_list}) AS __group_rank FROM cells)"
+        )
+        previous = f"ranked WHERE __group_rank <= {int(bounds.max_groups_per_unit)}"
+    # Rows a cell keeps under the per-group bound; each measure is scaled by the same factor.
+    kept = f"LEAST(__rows, {per_group}.0)"
+    unit_factor = "1.0"
+    groups_kept = min(domain, bounds.max_groups_per_unit) if keys else 1
+    if keys and bounds.max_rows_per_unit < groups_kept * bounds.max_rows_per_group:
+        ctes.append(
+            f"bounded AS (SELECT *, SUM({kept}) OVER (PARTITION BY __unit) AS __unit_rows "
+            f"FROM {previous})"
+        )
+        previous = "bounded"
+        unit_factor = f"LEAST(1.0, {int(bounds.max_rows_per_unit)}.0 / __unit_rows)"
+    aggregates = []
+    for i, measure in enumerate(measures):
+        scaled = f"__cell{i} * {kept} / __rows * {unit_factor}"
+        total = f"SUM(CAST(TRUNC({scaled}) AS BIGINT))"
+        aggregates.append(
+            f"CAST(LEAST(GREATEST(COALESCE({total}, 0), -{_EXACT}), {_EXACT}) AS BIGINT) "
+            f"AS {_identifier(measure.name)}"
+        )
     outputs = [f"{k} AS {_identifier(c)}" for c, k in zip(shape.group_by, keys, strict=True)]
     group = f" GROUP BY {', '.join(keys)}" if keys else ""
-    sql = (
-        f"WITH {', '.join(ctes)} SELECT {', '.join(outputs + aggregates)} FROM per_unit "
-        f"WHERE __row_in_unit <= {int(bounds.max_rows_per_unit)}{group}"
-    )
+    sql = f"WITH {', '.join(ctes)} SELECT {', '.join(outputs + aggregates)} FROM {previous}{group}"
+    if dialect == "duckdb":
+        return sql
     return sqlglot.transpile(sql, read="duckdb", write=dialect)[0]
