@@ -151,6 +151,7 @@ def policy_show(database: str) -> None:
 @click.option("--analyst", required=True, help="Analyst whose allocation is charged.")
 @click.option("--epsilon", type=float, default=None, help="Epsilon for this query.")
 @click.option("--delta", type=float, default=None, help="Delta for this query.")
+@click.option("--dialect", default="duckdb", show_default=True, help="SQL dialect of the query.")
 @_format
 @click.argument("sql")
 def query(
@@ -158,11 +159,12 @@ def query(
     analyst: str,
     epsilon: float | None,
     delta: float | None,
+    dialect: str,
     output_format: str,
     sql: str,
 ) -> None:
     """Answer SQL with differential privacy, charging the analyst's budget first."""
-    with connect(database, analyst=analyst) as session:
+    with connect(database, analyst=analyst, dialect=dialect) as session:
         result = session.execute(sql, epsilon=epsilon, delta=delta)
     print_result(result, output_format)
 

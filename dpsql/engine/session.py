@@ -122,6 +122,7 @@ class Session:
         database: str | Path,
         *,
         analyst: str,
+        dialect: str = "duckdb",
         backend: Backend | None = None,
         rng: np.random.Generator | None = None,
     ):
@@ -129,6 +130,7 @@ class Session:
             raise ParameterError(f"analyst must be a non-empty name, got {analyst!r}")
         self.database = Path(database)
         self.analyst = analyst
+        self.dialect = dialect
         self.backend = backend if backend is not None else DuckDBBackend(database)
         self.rng = resolve_rng(rng)
         self._ledger = Ledger(ledger_path(database), dataset=self.database.stem)
@@ -158,7 +160,7 @@ class Session:
 
     # planning -----------------------------------------------------------------------------------
     def _plan(self, sql: str, epsilon: float | None, delta: float | None) -> tuple[QueryPlan, str]:
-        parsed = parse(sql, self.backend.dialect)
+        parsed = parse(sql, self.dialect)
         shape = analyze(parsed, self.backend.catalog())
         self.policy = self._load_policy()
         options = shape.options
@@ -438,7 +440,15 @@ def _plain(value: Any) -> Any:
 
 
 def connect(
-    database: str | Path, *, analyst: str, rng: np.random.Generator | None = None
+    database: str | Path,
+    *,
+    analyst: str,
+    dialect: str = "duckdb",
+    rng: np.random.Generator | None = None,
 ) -> Session:
-    """Open a session on a DuckDB database file whose policy has been set."""
-    return Session(database, analyst=analyst, rng=rng)
+    """Open a session on a DuckDB database file whose policy has been set.
+
+    ``dialect`` is the SQL dialect the analyst writes in (any sqlglot dialect); ``rng`` a seeded
+    generator for reproducible tests (default: the secure generator).
+    """
+    return Session(database, analyst=analyst, dialect=dialect, rng=rng)

@@ -309,3 +309,14 @@ def test_explain_reads_no_data_and_charges_nothing(demo_db: Path) -> None:
     ]
     assert measurements[0]["l1_sensitivity"] >= 5 * 100_000  # L0 * Linf * max |bound|
     assert len(database_ledger(demo_db)) == 1
+
+
+def test_queries_may_be_written_in_another_dialect(demo_db: Path, rng) -> None:
+    with dpsql.connect(demo_db, analyst="alice", dialect="bigquery", rng=rng) as db:
+        result = db.execute("SELECT COUNT(*) AS n FROM `requests` WHERE age >= 30", epsilon=0.2)
+    assert result.columns == ["n"]
+    with (
+        dpsql.connect(demo_db, analyst="alice", dialect="nosuch") as db,
+        pytest.raises(ParameterError, match="unknown SQL dialect"),
+    ):
+        db.execute("SELECT 1")
