@@ -33,13 +33,17 @@ Scalar = str | int | float | bool | None
 
 @dataclass(frozen=True)
 class MechanismEvent:
-    """One mechanism run at (epsilon, delta); ``params`` is what an auditor needs to check it."""
+    """One mechanism run at (epsilon, delta); ``params`` (kept sorted by name) is what an auditor
+    needs to check it."""
 
     mechanism: str
     epsilon: float
     delta: float = 0.0
     label: str = ""
     params: tuple[tuple[str, Scalar], ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "params", tuple(sorted(self.params)))
 
 
 @dataclass(frozen=True)

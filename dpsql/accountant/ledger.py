@@ -292,9 +292,9 @@ class Ledger:
                 if not (spent + cost).fits_within(cap):
                     remaining = BudgetLine("", "", cap, spent).remaining
                     raise BudgetExceededError(
-                        f"budget exceeded: the query needs epsilon={cost.epsilon:g}, "
-                        f"delta={cost.delta:g} but the {name} has epsilon="
-                        f"{remaining.epsilon:g}, delta={remaining.delta:g} remaining"
+                        f"budget exceeded: the query needs epsilon={cost.epsilon:.10g}, "
+                        f"delta={cost.delta:.10g} but the {name} has epsilon="
+                        f"{remaining.epsilon:.10g}, delta={remaining.delta:.10g} remaining"
                     )
             return self._append(
                 connection,

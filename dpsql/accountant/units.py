@@ -48,6 +48,11 @@ def check_budget_value(name: str, value: float, *, allow_zero: bool) -> float:
 
 
 def _units(value: float, resolution: Fraction, *, up: bool) -> int:
+    name = "epsilon" if resolution == EPSILON_RESOLUTION else "delta"
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ParameterError(f"{name} must be a number, got {value!r}")
+    if not math.isfinite(value) or value < 0:
+        raise ParameterError(f"{name} must be finite and >= 0, got {value}")
     exact = Fraction(repr(float(value))) / resolution
     return math.ceil(exact) if up else math.floor(exact)
 

@@ -104,6 +104,17 @@ class _Analyzer:
             self.reject(
                 table, "FROM must name one table (subqueries and functions are not supported)"
             )
+        for name, value in table.args.items():
+            if name not in ("this", "db", "catalog", "alias") and value:
+                clause = _CLAUSE_NAMES.get(name, name.upper())
+                node = value[0] if isinstance(value, list) else value
+                self.reject(
+                    node if isinstance(node, exp.Expression) else table,
+                    f"{clause} is not supported",
+                )
+        alias = table.args.get("alias")
+        if alias is not None and alias.args.get("columns"):
+            self.reject(alias, "column aliases in FROM are not supported")
         if table.args.get("db") or table.args.get("catalog"):
             self.reject(table, "qualified table names are not supported; name the table alone")
         wanted = table.name
@@ -188,7 +199,7 @@ class _Analyzer:
         if not isinstance(left, exp.Column) and isinstance(right, exp.Column):
             left, right, operator = right, left, _FLIPPED[operator]
         if not isinstance(left, exp.Column):
-            self.reject(node, "comparisons must be between a column and a literal")
+            self.reject(left, "comparisons must be between a column and a literal")
         if isinstance(right, exp.Column):
             self.reject(node, "comparisons between two columns are not supported")
         name = self.column(left)

@@ -6,18 +6,19 @@ with sqlglot to the backend's dialect. Inside the database it:
 1. filters rows with the validated WHERE clause and restricts group columns to their public keys;
 2. clamps summed values to their declared bounds and rounds them to the noise grid, as integers;
 3. aggregates each (privacy unit, group) into one *cell* (hash aggregation, no sort over rows);
-4. bounds contributions on the cells: a unit keeps at most ``max_groups_per_unit`` groups (a
-   window over its cells ordered by a salted hash of the key, only when the key domain is larger
-   than that bound), and a cell with more than ``max_rows_per_group`` rows is scaled down to that
-   many rows' worth (every measure of the cell multiplied by ``max_rows_per_group / rows``), and
-   likewise a unit over ``max_rows_per_unit``; scaled values are truncated toward zero;
+4. bounds contributions on the cells: a cell with more than ``max_rows_per_group`` rows is scaled
+   down to that many rows' worth (every measure of the cell multiplied by ``kept / rows``); when
+   the key domain is larger than ``max_groups_per_unit``, or ``max_rows_per_unit`` could bind, one
+   window over each unit's cells in salted-hash order keeps its first ``max_groups_per_unit``
+   groups and hands out ``max_rows_per_unit`` rows' worth in that order (counts stay exact
+   integers); scaled sums are truncated toward zero;
 5. aggregates per group, so only one row per group leaves the database.
 
-Scaling is the expectation of keeping a uniformly random subset of the rows, and it bounds a unit's
-contribution exactly as row selection would: at most ``max_rows_per_group`` rows' worth per group,
-``max_groups_per_unit`` groups and ``max_rows_per_unit`` rows' worth in all, each row's value within
-its bounds. Every cell depends on its own unit's rows only, so the L1 sensitivity of the output
-is ``min(max_groups_per_unit * max_rows_per_group, max_rows_per_unit)`` rows' worth
+Scaling a cell is the expectation of keeping a uniformly random subset of its rows, and it bounds
+a unit's contribution exactly as row selection would: at most ``max_rows_per_group`` rows' worth per
+group, ``max_groups_per_unit`` groups and ``max_rows_per_unit`` rows' worth in all, each row's
+value within its bounds. Every cell depends on its own unit's rows only, so the L1 sensitivity of
+the output is ``min(max_groups_per_unit * max_rows_per_group, max_rows_per_unit)`` rows' worth
 (``max_rows_per_unit`` without GROUP BY).
 """
 
@@ -83,7 +84,7 @@ def _value(measure: Measure) -> str:
     as_double = f"CAST({column} AS DOUBLE)"
     clamped = f"LEAST(GREATEST({as_double}, {_number(low)}), {_number(high)})"
     return (
-        f"CASE WHEN ISNAN({as_double}) THEN NULL "
+        f"CASE WHEN {column} IS NULL OR ISNAN({as_double}) THEN NULL "
         f"ELSE CAST(ROUND({clamped} / {_number(grid)}) AS BIGINT) END"
     )
 
@@ -130,29 +131,34 @@ def bounded_aggregate(
         f"{', '.join(cell_measures)} FROM source GROUP BY {unit_and_keys})"
     )
     previous = "cells"
-    domain = math.prod(len(public_keys[c]) for c in shape.group_by) if keys else 1
+    # Rows' worth a cell keeps under the per-group bound (per-unit bound without GROUP BY).
     per_group = bounds.max_rows_per_group if keys else bounds.max_rows_per_unit
-    if keys and domain > bounds.max_groups_per_unit:
+    kept = f"LEAST(__rows, {int(per_group)}.0)"
+    domain = math.prod(len(public_keys[c]) for c in shape.group_by) if keys else 1
+    rank_groups = bool(keys) and domain > bounds.max_groups_per_unit
+    cap_unit = bool(keys) and (
+        bounds.max_rows_per_unit < min(domain, bounds.max_groups_per_unit) * per_group
+    )
+    if rank_groups or cap_unit:
+        # A unit's cells in salted-hash order: the first max_groups_per_unit are kept, and rows'
+        # worth is handed out in that order until max_rows_per_unit is used up.
         key_list = ", ".join(keys)
+        window = (
+            f"OVER (PARTITION BY __unit ORDER BY HASH({key_list}, {int(salt)}), {key_list} "
+            "ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
+        )
         ctes.append(
-            "ranked AS (SELECT *, ROW_NUMBER() OVER (PARTITION BY __unit ORDER BY "
-            f"HASH({key_list}, {int(salt)}), {key_list}) AS __group_rank FROM cells)"
+            f"ranked AS (SELECT *, ROW_NUMBER() {window} AS __group_rank, "
+            f"SUM({kept}) {window} AS __rows_through FROM cells)"
         )
         previous = f"ranked WHERE __group_rank <= {int(bounds.max_groups_per_unit)}"
-    # Rows a cell keeps under the per-group bound; each measure is scaled by the same factor.
-    kept = f"LEAST(__rows, {per_group}.0)"
-    unit_factor = "1.0"
-    groups_kept = min(domain, bounds.max_groups_per_unit) if keys else 1
-    if keys and bounds.max_rows_per_unit < groups_kept * bounds.max_rows_per_group:
-        ctes.append(
-            f"bounded AS (SELECT *, SUM({kept}) OVER (PARTITION BY __unit) AS __unit_rows "
-            f"FROM {previous})"
-        )
-        previous = "bounded"
-        unit_factor = f"LEAST(1.0, {int(bounds.max_rows_per_unit)}.0 / __unit_rows)"
+        if cap_unit:
+            before = f"(__rows_through - {kept})"
+            kept = f"GREATEST(0.0, LEAST({kept}, {int(bounds.max_rows_per_unit)}.0 - {before}))"
     aggregates = []
     for i, measure in enumerate(measures):
-        scaled = f"__cell{i} * {kept} / __rows * {unit_factor}"
+        # Multiply before dividing: a cell that keeps all its rows is reproduced exactly.
+        scaled = f"__cell{i} * {kept} / __rows"
         total = f"SUM(CAST(TRUNC({scaled}) AS BIGINT))"
         aggregates.append(
             f"CAST(LEAST(GREATEST(COALESCE({total}, 0), -{_EXACT}), {_EXACT}) AS BIGINT) "

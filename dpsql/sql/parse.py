@@ -32,16 +32,29 @@ __all__ = ["OPTION_TYPES", "ParsedQuery", "parse"]
 OPTION_TYPES: Mapping[str, type] = {"epsilon": float, "delta": float}
 """Options accepted in ``WITH DIFFERENTIAL_PRIVACY OPTIONS(...)``, with their types."""
 
-_CLAUSE_KEYWORDS: Mapping[type[exp.Expression], str] = {
-    exp.Order: "ORDER",
-    exp.Having: "HAVING",
-    exp.Limit: "LIMIT",
-    exp.Offset: "OFFSET",
-    exp.Join: "JOIN",
-    exp.With: "WITH",
-    exp.Window: "OVER",
-    exp.Qualify: "QUALIFY",
-    exp.Distinct: "DISTINCT",
+_CLAUSE_TOKENS: Mapping[type[exp.Expression], frozenset[TokenType]] = {
+    exp.Order: frozenset({TokenType.ORDER_BY}),
+    exp.Having: frozenset({TokenType.HAVING}),
+    exp.Limit: frozenset({TokenType.LIMIT}),
+    exp.Offset: frozenset({TokenType.OFFSET}),
+    exp.Join: frozenset(
+        {
+            TokenType.JOIN,
+            TokenType.LEFT,
+            TokenType.RIGHT,
+            TokenType.INNER,
+            TokenType.OUTER,
+            TokenType.CROSS,
+            TokenType.FULL,
+            TokenType.NATURAL,
+        }
+    ),
+    exp.With: frozenset({TokenType.WITH}),
+    exp.Group: frozenset({TokenType.GROUP_BY}),
+    exp.TableSample: frozenset({TokenType.TABLE_SAMPLE}),
+    exp.Pivot: frozenset({TokenType.PIVOT, TokenType.UNPIVOT}),
+    exp.Qualify: frozenset({TokenType.QUALIFY}),
+    exp.Distinct: frozenset({TokenType.DISTINCT}),
 }
 
 
@@ -57,15 +70,45 @@ class ParsedQuery:
 
     def position(self, node: exp.Expression) -> tuple[int | None, int | None]:
         """1-based line and column where ``node`` starts in the original text, when known."""
-        keyword = _CLAUSE_KEYWORDS.get(type(node))
-        if keyword is not None:
-            for token in self.tokens:
-                if token.text.upper() == keyword:
-                    return _line_column(self.text, token.start)
+        kinds = _CLAUSE_TOKENS.get(type(node))
         starts = [n.meta["start"] for n in node.walk() if "start" in n.meta]
+        if isinstance(node, exp.Window) and starts:
+            over = [t.start for t in self.tokens if t.token_type == TokenType.OVER]
+            later = [start for start in over if start > min(starts)]
+            if later:
+                return _line_column(self.text, min(later))
+        if isinstance(node, exp.Null) and node.parent is not None:
+            around = [n.meta["start"] for n in node.parent.walk() if "start" in n.meta]
+            nulls = [t.start for t in self.tokens if t.token_type == TokenType.NULL]
+            if around and nulls:
+                nearest = min(nulls, key=lambda start: abs(start - min(around)))
+                return _line_column(self.text, nearest)
+        if kinds is not None:
+            after = min(starts, default=len(self.text))
+            candidates = [t.start for t in self.tokens if t.token_type in kinds and t.start < after]
+            if candidates:
+                return _line_column(self.text, max(candidates))
         if not starts:
-            return None, None
-        return _line_column(self.text, min(starts))
+            return self.position(node.parent) if node.parent is not None else (None, None)
+        start = min(starts)
+        if isinstance(node, (exp.Func, exp.Subquery)) and "start" not in node.meta:
+            start = self._opening(start, name_first=not isinstance(node, exp.Subquery))
+        return _line_column(self.text, start)
+
+    def _opening(self, start: int, *, name_first: bool) -> int:
+        """Offset of the ``name(`` (or ``(``) that opens the call whose first inner token is at
+        ``start``, skipping a leading SELECT of a subquery."""
+        index = next((i for i, t in enumerate(self.tokens) if t.start == start), None)
+        if index is None:
+            return start
+        index -= 1
+        if index >= 0 and self.tokens[index].token_type == TokenType.SELECT:
+            index -= 1
+        if index < 0 or self.tokens[index].token_type != TokenType.L_PAREN:
+            return start
+        if name_first and index > 0:
+            index -= 1
+        return self.tokens[index].start
 
 
 def _line_column(text: str, offset: int) -> tuple[int, int]:
@@ -139,7 +182,8 @@ def _lift_dp_clause(text: str, tokens: list[Token]) -> tuple[str, dict[str, Any]
             if i < len(tokens) and tokens[i].token_type == TokenType.COMMA:
                 i += 1
         if i >= len(tokens):
-            raise SqlSyntaxError("unclosed OPTIONS(", line=line if options else None)
+            line, column = _line_column(text, tokens[end].start)
+            raise SqlSyntaxError("unclosed OPTIONS(", line=line, column=column)
         end = i + 1
     first, last = tokens[start].start, tokens[end - 1].end + 1
     blank = "".join(c if c == "\n" else " " for c in text[first:last])
@@ -157,7 +201,17 @@ def parse(sql: str, dialect: str = "duckdb") -> ParsedQuery:
     try:
         tokens = dialect_class.tokenize(sql)
     except TokenError as error:
-        raise SqlSyntaxError(f"cannot tokenize the query: {error}") from None
+        found = re.search(r"Error tokenizing '(.*)'", str(error), re.S)
+        line = column = None
+        if found and sql.startswith(found.group(1)):
+            context = found.group(1)
+            opener = max(context.rfind("'"), context.rfind('"'), context.rfind("/*"))
+            line, column = _line_column(sql, opener if opener >= 0 else len(context) - 1)
+        raise SqlSyntaxError(
+            "cannot tokenize the query (an unterminated string, identifier or comment?)",
+            line=line,
+            column=column,
+        ) from None
     text, options = _lift_dp_clause(sql, tokens)
     try:
         statements = sqlglot.parse(text, read=dialect)

@@ -1,0 +1,591 @@
+"""The generated SQL, run on a real in-memory DuckDB and checked against pandas references.
+
+References are computed independently from the rows the test inserted. Where a unit exceeds its
+contribution bounds the choice of what it keeps is arbitrary, so those tests check the bounds
+themselves, unit by unit (each unit alone in its own table), and that the full answer is the sum
+of the per-unit answers: a unit's contribution depends on its own rows only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import duckdb
+import numpy as np
+import pandas as pd
+import pytest
+import sqlglot
+from sqlglot import exp
+
+from dpsql.sql.analyze import analyze
+from dpsql.sql.generate import Bounds, Measure, MeasureKind, bounded_aggregate
+from dpsql.sql.parse import parse
+from dpsql.sql.shape import QueryShape
+
+EXACT = 2**53
+SALTS = (0, 1, 7, -3, 2**62 - 1)
+
+Row = tuple[Any, ...]
+
+
+def _create(
+    connection: duckdb.DuckDBPyConnection, table: str, columns: dict[str, str], rows: Sequence[Row]
+) -> dict[str, dict[str, str]]:
+    """Create and fill ``table``; return its catalog entry."""
+    quoted = exp.to_identifier(table, quoted=True).sql(dialect="duckdb")
+    spec = ", ".join(
+        f"{exp.to_identifier(c, quoted=True).sql(dialect='duckdb')} {t}" for c, t in columns.items()
+    )
+    connection.execute(f"CREATE OR REPLACE TABLE {quoted} ({spec})")
+    if rows:
+        marks = ", ".join("?" * len(columns))
+        connection.executemany(f"INSERT INTO {quoted} VALUES ({marks})", [list(r) for r in rows])
+    return {table: dict(columns)}
+
+
+def _shape(sql: str, catalog: dict[str, dict[str, str]]) -> QueryShape:
+    return analyze(parse(sql), catalog)
+
+
+def _strings(*values: str) -> list[exp.Expression]:
+    return [exp.Literal.string(v) for v in values]
+
+
+def _run(
+    connection: duckdb.DuckDBPyConnection,
+    shape: QueryShape,
+    measures: Sequence[Measure],
+    bounds: Bounds,
+    keys: dict[str, list[exp.Expression]] | None = None,
+    salt: int = 0,
+) -> pd.DataFrame:
+    sql = bounded_aggregate(
+        shape, measures=measures, bounds=bounds, public_keys=keys or {}, salt=salt
+    )
+    return connection.execute(sql).df()
+
+
+def _by_group(frame: pd.DataFrame, key: str, measure: str) -> dict[Any, int]:
+    return {k: int(v) for k, v in zip(frame[key], frame[measure], strict=True)}
+
+
+def _rounded(value: float, grid: float) -> int:
+    """Round half away from zero, as SQL ROUND does; the tests avoid exact ties."""
+    scaled = value / grid
+    assert abs(abs(scaled - math.trunc(scaled)) - 0.5) > 1e-9, "a tie would make the test moot"
+    return int(math.copysign(math.floor(abs(scaled) + 0.5), scaled))
+
+
+ROWS = Measure("n", MeasureKind.ROWS)
+
+
+@pytest.fixture
+def connection() -> duckdb.DuckDBPyConnection:
+    return duckdb.connect()
+
+
+# --- max_rows_per_unit without GROUP BY --------------------------------------------------------
+
+
+@pytest.mark.parametrize("max_rows_per_unit", [1, 3, 7, 100])
+def test_ungrouped_count_caps_each_units_rows(
+    connection: duckdb.DuckDBPyConnection, max_rows_per_unit: int
+) -> None:
+    sizes = {1: 50, 2: 7, 3: 3, 4: 1, 5: 1, 6: 12}
+    rows = [(unit, float(i)) for unit, size in sizes.items() for i in range(size)]
+    catalog = _create(connection, "t", {"u": "BIGINT", "x": "DOUBLE"}, rows)
+    frame = pd.DataFrame(rows, columns=["u", "x"])
+    expected = int(frame.groupby("u").size().clip(upper=max_rows_per_unit).sum())
+    shape = _shape("SELECT COUNT(*), COUNT(x) FROM t", catalog)
+    measures = [ROWS, Measure("c", MeasureKind.COUNT, "x")]
+    for salt in SALTS:
+        result = _run(connection, shape, measures, Bounds("u", 1, 1, max_rows_per_unit), salt=salt)
+        assert len(result) == 1
+        assert int(result["n"].iloc[0]) == expected
+        assert int(result["c"].iloc[0]) == expected
+
+
+def test_ungrouped_heavy_unit_alone_contributes_exactly_the_cap(
+    connection: duckdb.DuckDBPyConnection,
+) -> None:
+    catalog = _create(connection, "t", {"u": "BIGINT"}, [(42,)] * 50)
+    shape = _shape("SELECT COUNT(*) FROM t", catalog)
+    for salt in SALTS:
+        result = _run(connection, shape, [ROWS], Bounds("u", 1, 1, 5), salt=salt)
+        assert result["n"].tolist() == [5]
+
+
+def test_ungrouped_empty_table_gives_zeros(connection: duckdb.DuckDBPyConnection) -> None:
+    catalog = _create(connection, "t", {"u": "BIGINT", "x": "DOUBLE"}, [])
+    shape = _shape("SELECT COUNT(*), SUM(x), AVG(x) FROM t", catalog)
+    measures = [
+        ROWS,
+        Measure("s", MeasureKind.SUM, "x", (0.0, 1.0, 0.25)),
+        Measure("c", MeasureKind.COUNT, "x", (0.0, 1.0, 1.0)),
+    ]
+    result = _run(connection, shape, measures, Bounds("u", 1, 1, 3))
+    assert result[["n", "s", "c"]].to_dict("records") == [{"n": 0, "s": 0, "c": 0}]
+
+
+# --- max_groups_per_unit and max_rows_per_group with GROUP BY ---------------------------------
+
+KEYS10 = [f"g{i}" for i in range(10)]
+
+
+@pytest.mark.parametrize(
+    ("l0", "linf", "max_rows_per_unit"), [(3, 2, 100), (1, 1, 1), (20, 10, 1000), (10, 5, 50)]
+)
+def test_one_heavy_unit_over_ten_groups_exactly(
+    connection: duckdb.DuckDBPyConnection, l0: int, linf: int, max_rows_per_unit: int
+) -> None:
+    """50 rows of one unit, 5 in each of 10 groups; the caps bind exactly (rows per unit slack)."""
+    rows = [(1, KEYS10[i % 10]) for i in range(50)]
+    catalog = _create(connection, "t", {"u": "BIGINT", "g": "VARCHAR"}, rows)
+    shape = _shape("SELECT g, COUNT(*) FROM t GROUP BY g", catalog)
+    groups = min(l0, 10)
+    per_group = min(linf, 5)
+    assert groups * per_group <= max_rows_per_unit
+    chosen = set()
+    for salt in range(12):
+        result = _run(
+            connection,
+            shape,
+            [ROWS],
+            Bounds("u", l0, linf, max_rows_per_unit),
+            {"g": _strings(*KEYS10)},
+            salt,
+        )
+        counts = {k: v for k, v in _by_group(result, "g", "n").items() if v}
+        assert len(counts) == groups
+        assert set(counts.values()) == {per_group}
+        chosen.add(frozenset(counts))
+    if groups < 10:
+        assert len(chosen) > 1, "the groups a unit keeps should depend on the salt"
+
+
+@pytest.mark.parametrize(("l0", "linf", "max_rows_per_unit"), [(3, 2, 5), (10, 5, 7), (4, 3, 1)])
+def test_one_heavy_unit_over_ten_groups_with_a_binding_unit_cap(
+    connection: duckdb.DuckDBPyConnection, l0: int, linf: int, max_rows_per_unit: int
+) -> None:
+    rows = [(1, KEYS10[i % 10]) for i in range(50)]
+    catalog = _create(connection, "t", {"u": "BIGINT", "g": "VARCHAR"}, rows)
+    shape = _shape("SELECT g, COUNT(*) FROM t GROUP BY g", catalog)
+    for salt in SALTS:
+        result = _run(
+            connection,
+            shape,
+            [ROWS],
+            Bounds("u", l0, linf, max_rows_per_unit),
+            {"g": _strings(*KEYS10)},
+            salt,
+        )
+        assert len(result) <= l0
+        counts = {k: v for k, v in _by_group(result, "g", "n").items() if v}
+        assert all(0 < v <= linf for v in counts.values())
+        assert sum(counts.values()) <= max_rows_per_unit
+
+
+def _random_rows(seed: int, units: int) -> list[Row]:
+    rng = np.random.Generator(np.random.PCG64(seed))
+    keys = ["a", "b", "c", "d", "e", "f", "zz-private", None]
+    rows = []
+    for unit in range(units):
+        size = int(rng.integers(1, 40))
+        groups = rng.choice(len(keys), size=int(rng.integers(1, 5)), replace=False)
+        for _ in range(size):
+            key = keys[int(rng.choice(groups))]
+            rows.append((unit, key, float(rng.normal(3.0, 4.0))))
+    return rows
+
+
+@pytest.mark.parametrize(("l0", "linf", "max_rows_per_unit"), [(2, 3, 5), (1, 4, 4), (3, 1, 2)])
+def test_grouped_contributions_are_bounded_unit_by_unit_and_add_up(
+    connection: duckdb.DuckDBPyConnection, l0: int, linf: int, max_rows_per_unit: int
+) -> None:
+    """Each unit alone respects L0, Linf and the unit cap; the whole is the sum of the units."""
+    rows = _random_rows(seed=l0 * 100 + linf, units=30)
+    columns = {"u": "BIGINT", "g": "VARCHAR", "x": "DOUBLE"}
+    catalog = _create(connection, "t", columns, rows)
+    catalog |= _create(connection, "one_unit", columns, [])
+    public = ["a", "b", "c", "d", "e", "f"]
+    bounds = Bounds("u", l0, linf, max_rows_per_unit)
+    grid = 0.5
+    measures = [
+        ROWS,
+        Measure("c", MeasureKind.COUNT, "x"),
+        Measure("s", MeasureKind.SUM, "x", (-2.0, 6.0, grid)),
+    ]
+    query = "SELECT g, COUNT(*), COUNT(x), SUM(x) FROM {} GROUP BY g"
+    whole = _run(
+        connection, _shape(query.format("t"), catalog), measures, bounds, {"g": _strings(*public)}
+    )
+    assert set(whole["g"]) <= set(public)
+    added: dict[str, np.ndarray] = {}
+    part_shape = _shape(query.format("one_unit"), catalog)
+    for unit in sorted({r[0] for r in rows}):
+        mine = [r for r in rows if r[0] == unit]
+        _create(connection, "one_unit", columns, mine)
+        part = _run(connection, part_shape, measures, bounds, {"g": _strings(*public)})
+        assert len(part) <= l0
+        assert (part["n"] <= linf).all()
+        assert (part["c"] <= part["n"]).all()
+        assert int(part["n"].sum()) <= max_rows_per_unit
+        assert (part["s"].abs() <= linf * round(6.0 / grid)).all()
+        assert int(part["s"].abs().sum()) <= max_rows_per_unit * round(6.0 / grid)
+        for key, n, c, s in part[["g", "n", "c", "s"]].itertuples(index=False):
+            added[key] = added.get(key, np.zeros(3, dtype=np.int64)) + np.array([n, c, s])
+        public_groups = {r[1] for r in mine} & set(public)
+        if not public_groups:
+            assert part.empty or int(part["n"].sum()) == 0
+    for key, n, c, s in whole[["g", "n", "c", "s"]].itertuples(index=False):
+        assert added.pop(key).tolist() == [n, c, s]
+    assert all(v.tolist() == [0, 0, 0] for v in added.values())
+
+
+def test_grouped_within_bounds_matches_pandas_exactly(
+    connection: duckdb.DuckDBPyConnection,
+) -> None:
+    """Units that stay within every bound are counted and summed in full."""
+    rng = np.random.Generator(np.random.PCG64(5))
+    public = ["a", "b", "c", "d"]
+    rows: list[Row] = []
+    for unit in range(40):
+        for key in rng.choice(public, size=int(rng.integers(1, 3)), replace=False):
+            for _ in range(int(rng.integers(1, 4))):
+                value = float(np.round(rng.uniform(-3, 12), 3))
+                rows.append((unit, str(key), value))
+    rows.append((99, "not-public", 5.0))
+    rows.append((98, None, 5.0))
+    catalog = _create(connection, "t", {"u": "BIGINT", "g": "VARCHAR", "x": "DOUBLE"}, rows)
+    shape = _shape("SELECT g, COUNT(*), SUM(x), AVG(x) FROM t GROUP BY g", catalog)
+    low, high, grid = 0.0, 10.0, 0.125
+    measures = [
+        ROWS,
+        Measure("s", MeasureKind.SUM, "x", (low, high, grid)),
+        Measure("c", MeasureKind.COUNT, "x", (low, high, 1.0)),
+    ]
+    frame = pd.DataFrame(rows, columns=["u", "g", "x"])
+    frame = frame[frame["g"].isin(public)]
+    frame["units"] = [_rounded(min(max(v, low), high), grid) for v in frame["x"]]
+    expected = frame.groupby("g").agg(n=("x", "size"), s=("units", "sum"), c=("x", "count"))
+    for salt in SALTS:
+        result = _run(
+            connection, shape, measures, Bounds("u", 2, 3, 6), {"g": _strings(*public)}, salt
+        )
+        result = result.set_index("g").sort_index()[["n", "s", "c"]]
+        assert result.to_dict("index") == expected.astype("int64").to_dict("index")
+
+
+# --- the public-key filter and WHERE run before bounding ---------------------------------------
+
+
+def test_rows_outside_the_public_keys_are_dropped_before_bounding(
+    connection: duckdb.DuckDBPyConnection,
+) -> None:
+    rows = [(1, "private") for _ in range(20)] + [(1, "a")]
+    rows += [(2, None) for _ in range(20)] + [(2, "b")]
+    rows += [(3, "A"), (3, "a ")]
+    catalog = _create(connection, "t", {"u": "BIGINT", "g": "VARCHAR"}, rows)
+    shape = _shape("SELECT g, COUNT(*) FROM t GROUP BY g", catalog)
+    for salt in range(10):
+        result = _run(
+            connection, shape, [ROWS], Bounds("u", 1, 1, 1), {"g": _strings("a", "b", "c")}, salt
+        )
+        assert _by_group(result, "g", "n") == {"a": 1, "b": 1}
+
+
+def test_typed_public_keys_of_several_columns(connection: duckdb.DuckDBPyConnection) -> None:
+    rows = [
+        (1, "2024-01-01", 10, True),
+        (1, "2024-01-01", 10, True),
+        (1, "2024-01-02", 10, False),
+        (2, "2024-01-02", 20, True),
+        (2, "2024-01-03", 10, True),
+        (3, "2023-12-31", 10, True),
+        (3, "2024-01-01", 30, None),
+    ]
+    columns = {"u": "BIGINT", "d": "DATE", "k": "INTEGER", "b": "BOOLEAN"}
+    catalog = _create(connection, "t", columns, rows)
+    shape = _shape("SELECT d, k, COUNT(*) FROM t WHERE b GROUP BY d, k", catalog)
+    keys = {
+        "d": [exp.cast(exp.Literal.string(f"2024-01-0{i}"), "DATE") for i in (1, 2, 3)],
+        "k": [exp.cast(exp.Literal.number(v), "BIGINT") for v in (10, 20)],
+    }
+    result = _run(connection, shape, [ROWS], Bounds("u", 6, 5, 30), keys)
+    assert list(result.columns) == ["d", "k", "n"]
+    got = {(str(d.date()), int(k)): int(n) for d, k, n in result.itertuples(index=False)}
+    assert got == {("2024-01-01", 10): 2, ("2024-01-02", 20): 1, ("2024-01-03", 10): 1}
+
+
+@pytest.mark.parametrize("max_rows_per_unit", [1, 2, 3])
+def test_where_filters_before_bounding(
+    connection: duckdb.DuckDBPyConnection, max_rows_per_unit: int
+) -> None:
+    rows = [(unit, age) for unit in range(5) for age in range(10)]
+    catalog = _create(connection, "t", {"u": "BIGINT", "age": "INTEGER"}, rows)
+    shape = _shape("SELECT COUNT(*) FROM t WHERE age >= 8 OR age = 0", catalog)
+    frame = pd.DataFrame(rows, columns=["u", "age"])
+    kept = frame[(frame["age"] >= 8) | (frame["age"] == 0)]
+    expected = int(kept.groupby("u").size().clip(upper=max_rows_per_unit).sum())
+    for salt in SALTS:
+        result = _run(connection, shape, [ROWS], Bounds("u", 1, 1, max_rows_per_unit), salt=salt)
+        assert int(result["n"].iloc[0]) == expected
+
+
+# --- clamping, grid, NaN and NULL --------------------------------------------------------------
+
+VALUES = [-5.0, -0.3, 0.3, 2.7, 7.26, 9.99, 12.0, 1e308, -1e308, math.inf, -math.inf, 0.0, -0.0]
+CLAMPS = [(0.0, 10.0, 0.25), (-3.0, 2.0, 2.0**-3), (-1e6, 1e6, 1024.0), (5.0, 5.0, 1.0)]
+
+
+def _clamped_measures(clamp: tuple[float, float, float]) -> list[Measure]:
+    """What the planner asks for SUM and AVG: the gridded sum and the count within bounds."""
+    low, high, _ = clamp
+    return [
+        ROWS,
+        Measure("s", MeasureKind.SUM, "x", clamp),
+        Measure("c", MeasureKind.COUNT, "x", (low, high, 1.0)),
+        Measure("plain", MeasureKind.COUNT, "x"),
+    ]
+
+
+@pytest.mark.parametrize("clamp", CLAMPS)
+def test_sum_clamps_to_bounds_rounds_to_the_grid_and_skips_nan(
+    connection: duckdb.DuckDBPyConnection, clamp: tuple[float, float, float]
+) -> None:
+    low, high, grid = clamp
+    values = [*VALUES, math.nan, math.nan]
+    rows = [(unit, value) for unit, value in enumerate(values)]
+    catalog = _create(connection, "t", {"u": "BIGINT", "x": "DOUBLE"}, rows)
+    shape = _shape("SELECT COUNT(*), SUM(x), AVG(x) FROM t", catalog)
+    result = _run(connection, shape, _clamped_measures(clamp), Bounds("u", 1, 1, 1))
+    expected_sum = sum(_rounded(min(max(v, low), high), grid) for v in VALUES)
+    assert int(result["n"].iloc[0]) == len(values)
+    assert int(result["s"].iloc[0]) == expected_sum
+    assert int(result["c"].iloc[0]) == len(VALUES)
+    assert int(result["plain"].iloc[0]) == len(values)  # SQL's COUNT(x) counts NaN, not NULL
+    assert all(pd.api.types.is_integer_dtype(result[c]) for c in ["n", "s", "c", "plain"])
+
+
+@pytest.mark.parametrize("clamp", CLAMPS)
+def test_sum_and_within_bounds_count_skip_null(
+    connection: duckdb.DuckDBPyConnection, clamp: tuple[float, float, float]
+) -> None:
+    low, high, grid = clamp
+    values: list[float | None] = [*VALUES, None, None]
+    rows = [(unit, value) for unit, value in enumerate(values)]
+    catalog = _create(connection, "t", {"u": "BIGINT", "x": "DOUBLE"}, rows)
+    shape = _shape("SELECT COUNT(*), SUM(x), AVG(x) FROM t", catalog)
+    result = _run(connection, shape, _clamped_measures(clamp), Bounds("u", 1, 1, 1))
+    assert int(result["n"].iloc[0]) == len(values)
+    assert int(result["plain"].iloc[0]) == len(VALUES)
+    assert int(result["c"].iloc[0]) == len(VALUES)
+    assert int(result["s"].iloc[0]) == sum(_rounded(min(max(v, low), high), grid) for v in VALUES)
+
+
+def test_integer_and_decimal_columns_are_clamped_too(
+    connection: duckdb.DuckDBPyConnection,
+) -> None:
+    rows = [
+        (1, 5, "1.25"),
+        (2, -40, "-9.99"),
+        (3, 2**62, "99999999.99"),
+        (5, -(2**63), "0.30"),
+    ]
+    catalog = _create(connection, "t", {"u": "BIGINT", "n": "BIGINT", "d": "DECIMAL(10,2)"}, rows)
+    shape = _shape("SELECT SUM(n), SUM(d) FROM t", catalog)
+    measures = [
+        Measure("sn", MeasureKind.SUM, "n", (-10.0, 100.0, 0.5)),
+        Measure("sd", MeasureKind.SUM, "d", (-1.0, 1.0, 0.1)),
+    ]
+    result = _run(connection, shape, measures, Bounds("u", 1, 1, 1))
+    assert int(result["sn"].iloc[0]) == (5 - 10 + 100 - 10) * 2
+    assert int(result["sd"].iloc[0]) == 10 - 10 + 10 + _rounded(0.3, 0.1)
+
+
+def test_a_unit_over_its_cap_still_contributes_about_the_cap(
+    connection: duckdb.DuckDBPyConnection,
+) -> None:
+    rows = [(unit, key) for unit in range(200) for key in KEYS10]
+    catalog = _create(connection, "t", {"u": "BIGINT", "g": "VARCHAR"}, rows)
+    shape = _shape("SELECT g, COUNT(*) FROM t GROUP BY g", catalog)
+    result = _run(connection, shape, [ROWS], Bounds("u", 10, 1, 5), {"g": _strings(*KEYS10)})
+    total = int(result["n"].sum())
+    assert total <= 200 * 5
+    assert total >= 0.9 * 200 * 5
+
+
+def test_sum_of_many_units_is_clamped_to_2_pow_53(connection: duckdb.DuckDBPyConnection) -> None:
+    """Per value 1e6 / 2**-20 grid units, 10 000 units: the exact total would pass 2**53."""
+    connection.execute(
+        "CREATE TABLE t AS SELECT range AS u, 'pos' AS g, 1e6 AS x FROM range(10000)"
+    )
+    connection.execute("INSERT INTO t SELECT range + 20000, 'neg', -1e6 FROM range(10000)")
+    connection.execute("INSERT INTO t VALUES (99999, 'small', 3.0)")
+    catalog = {"t": {"u": "BIGINT", "g": "VARCHAR", "x": "DECIMAL(8,1)"}}
+    shape = _shape("SELECT g, SUM(x) FROM t GROUP BY g", catalog)
+    grid = 2.0**-20
+    assert 10000 * 1e6 / grid > EXACT
+    measures = [Measure("s", MeasureKind.SUM, "x", (-1e6, 1e6, grid))]
+    keys = {"g": _strings("pos", "neg", "small")}
+    result = _run(connection, shape, measures, Bounds("u", 1, 1, 1), keys)
+    assert _by_group(result, "g", "s") == {"pos": EXACT, "neg": -EXACT, "small": 3 * 2**20}
+
+
+# --- adversarial data --------------------------------------------------------------------------
+
+
+ADVERSARIAL_COLUMNS = {
+    "u": "BIGINT",
+    "g": "VARCHAR",
+    "x": "DOUBLE",
+    "n": "BIGINT",
+    "h": "HUGEINT",
+    "d": "DECIMAL(38,10)",
+}
+ADVERSARIAL_ROWS: list[Row] = [
+    (None, "a", math.nan, None, None, None),
+    (None, "a", math.inf, 2**63 - 1, 2**100, "9999999999999999999999999999.9999999999"),
+    (None, None, -math.inf, -(2**63), -(2**100), "-9999999999999999999999999999.9999999999"),
+    (2**63 - 1, "a", 1.7976931348623157e308, 2**63 - 1, 2**126, "0"),
+    (-(2**63), "b", -1.7976931348623157e308, -(2**63), -(2**126), "1e-10"),
+    (0, 'it\'s "quoted"', 5e-324, 0, 0, None),
+    (0, "", -0.0, 1, 1, "-0"),
+    (1, "ünïcødé ✓", math.nan, None, 2**127 - 1, "12345678901234567890.5"),
+    (1, "a", None, None, None, None),
+] + [(7, "b", float(i), i, i, str(i)) for i in range(30)]
+
+
+@pytest.mark.parametrize("grouped", [False, True])
+def test_adversarial_data_never_fails(connection: duckdb.DuckDBPyConnection, grouped: bool) -> None:
+    catalog = _create(connection, "t", ADVERSARIAL_COLUMNS, ADVERSARIAL_ROWS)
+    select = "SELECT g, COUNT(*) FROM t GROUP BY g" if grouped else "SELECT COUNT(*) FROM t"
+    shape = _shape(select, catalog)
+    measures = [ROWS]
+    for column in ["x", "n", "h", "d"]:
+        measures += [
+            Measure(f"sum_{column}", MeasureKind.SUM, column, (-1e300, 1e300, 2.0**990)),
+            Measure(f"tiny_{column}", MeasureKind.SUM, column, (-1.0, 1.0, 2.0**-20)),
+            Measure(f"avg_count_{column}", MeasureKind.COUNT, column, (-1.0, 1.0, 1.0)),
+            Measure(f"count_{column}", MeasureKind.COUNT, column),
+        ]
+    keys = {"g": _strings("a", "b", "", 'it\'s "quoted"', "ünïcødé ✓")}
+    for salt in SALTS:
+        for bounds in [Bounds("u", 1, 1, 1), Bounds("u", 3, 2, 4), Bounds("u", 10, 50, 1000)]:
+            result = _run(connection, shape, measures, bounds, keys if grouped else None, salt)
+            assert len(result) >= 1
+            for measure in measures:
+                column = result[measure.name]
+                assert pd.api.types.is_integer_dtype(column), measure.name
+                assert (column.abs() <= EXACT).all()
+                if measure.kind is not MeasureKind.SUM:
+                    assert (column >= 0).all()
+
+
+def test_null_units_are_bounded(connection: duckdb.DuckDBPyConnection) -> None:
+    """Rows without a privacy unit can never contribute more than one unit's bounds."""
+    rows = [(None, "a", 1.0)] * 20 + [(None, "b", 1.0)] * 20 + [(None, None, 1.0)] * 5
+    catalog = _create(connection, "t", {"u": "BIGINT", "g": "VARCHAR", "x": "DOUBLE"}, rows)
+    ungrouped = _run(
+        connection, _shape("SELECT COUNT(*) FROM t", catalog), [ROWS], Bounds("u", 1, 1, 3)
+    )
+    assert int(ungrouped["n"].iloc[0]) <= 3
+    grouped = _run(
+        connection,
+        _shape("SELECT g, COUNT(*) FROM t GROUP BY g", catalog),
+        [ROWS],
+        Bounds("u", 1, 2, 3),
+        {"g": _strings("a", "b")},
+    )
+    assert int(grouped["n"].sum()) <= 2
+    assert int((grouped["n"] > 0).sum()) <= 1
+
+
+def test_same_salt_same_answer(connection: duckdb.DuckDBPyConnection) -> None:
+    rows = _random_rows(seed=3, units=25)
+    catalog = _create(connection, "t", {"u": "BIGINT", "g": "VARCHAR", "x": "DOUBLE"}, rows)
+    shape = _shape("SELECT g, COUNT(*), SUM(x) FROM t GROUP BY g", catalog)
+    measures = [ROWS, Measure("s", MeasureKind.SUM, "x", (0.0, 5.0, 0.25))]
+    keys = {"g": _strings("a", "b", "c", "d", "e", "f")}
+    first = _run(connection, shape, measures, Bounds("u", 2, 2, 3), keys, salt=11)
+    again = _run(connection, shape, measures, Bounds("u", 2, 2, 3), keys, salt=11)
+    pd.testing.assert_frame_equal(
+        first.sort_values("g").reset_index(drop=True), again.sort_values("g").reset_index(drop=True)
+    )
+
+
+# --- the SQL text itself -----------------------------------------------------------------------
+
+
+def test_awkward_identifiers_are_quoted(connection: duckdb.DuckDBPyConnection) -> None:
+    columns = {"user id": "BIGINT", 'gr"oup': "VARCHAR", "__unit": "DOUBLE", "select": "DOUBLE"}
+    rows = [(1, "a", 2.0, 3.0), (1, "a", 2.0, 3.0), (2, "b", 4.0, 3.0)]
+    catalog = _create(connection, "source", columns, rows)
+    shape = _shape(
+        'SELECT "gr""oup", COUNT(*), SUM("__unit"), SUM("select") FROM "source" GROUP BY "gr""oup"',
+        catalog,
+    )
+    measures = [
+        Measure("count(*)", MeasureKind.ROWS),
+        Measure('sum "x"', MeasureKind.SUM, "__unit", (0.0, 10.0, 1.0)),
+        Measure("__key0", MeasureKind.SUM, "select", (0.0, 10.0, 1.0)),
+    ]
+    result = _run(
+        connection, shape, measures, Bounds("user id", 1, 5, 5), {'gr"oup': _strings("a", "b")}
+    )
+    assert list(result.columns) == ['gr"oup', "count(*)", 'sum "x"', "__key0"]
+    got = {r[0]: list(r[1:]) for r in result.itertuples(index=False)}
+    assert got == {"a": [2, 4, 6], "b": [1, 4, 3]}
+
+
+def test_generated_sql_never_contains_the_users_text() -> None:
+    catalog = {"t": {"u": "BIGINT", "name": "VARCHAR", "age": "INTEGER"}}
+    shape = _shape(
+        "SELECT /* secret-comment */ name, COUNT(*) AS my_alias FROM t "
+        "WHERE 5 < age AND name <> 'zed' GROUP BY name -- trailing-secret",
+        catalog,
+    )
+    sql = bounded_aggregate(
+        shape,
+        measures=[ROWS],
+        bounds=Bounds("u", 1, 1, 1),
+        public_keys={"name": _strings("a")},
+        salt=1,
+    )
+    assert "secret" not in sql
+    assert "my_alias" not in sql
+    assert "5 < age" not in sql
+    assert '"age" > CAST(5 AS BIGINT)' in sql
+
+
+@pytest.mark.parametrize("dialect", ["spark", "postgres", "bigquery", "snowflake", "trino"])
+def test_generated_sql_transpiles_to_other_dialects(dialect: str) -> None:
+    catalog = {"t": {"u": "BIGINT", "g": "VARCHAR", "x": "DOUBLE", "d": "DATE"}}
+    for query, keys in [
+        ("SELECT COUNT(*), SUM(x), AVG(x) FROM t WHERE d >= '2024-01-01'", {}),
+        (
+            "SELECT g, COUNT(*), SUM(x) FROM t WHERE x BETWEEN 1 AND 2 OR g IS NULL GROUP BY g",
+            {"g": _strings("a", "b", "c")},
+        ),
+    ]:
+        shape = _shape(query, catalog)
+        measures = [
+            ROWS,
+            Measure("s", MeasureKind.SUM, "x", (0.0, 5.0, 0.25)),
+            Measure("c", MeasureKind.COUNT, "x", (0.0, 5.0, 1.0)),
+        ]
+        for bounds in [Bounds("u", 1, 1, 1), Bounds("u", 2, 3, 4)]:
+            sql = bounded_aggregate(
+                shape, measures=measures, bounds=bounds, public_keys=keys, salt=5, dialect=dialect
+            )
+            duckdb_sql = bounded_aggregate(
+                shape, measures=measures, bounds=bounds, public_keys=keys, salt=5
+            )
+            assert isinstance(sql, str)
+            assert sql != duckdb_sql or dialect == "duckdb"
+            parsed = sqlglot.parse_one(sql, read=dialect)
+            assert isinstance(parsed, exp.Expression)
+            if dialect == "spark":
+                assert "`x`" in sql
