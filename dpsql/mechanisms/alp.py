@@ -3,33 +3,35 @@
 Aumüller, Lebeda and Pagh, "Differentially Private Sparse Vectors with Low Error, Optimal Space, and
 Fast Access" (CCS'21): Algorithm 1 (projection) and Algorithm 2 (estimator).
 
-Projection (Alg. 1). Each non-zero value ``x_i`` is scaled to ``x_i·ε/(α·Δ)`` and randomly rounded
-to an integer ``y_i`` (capped at ``m = ⌈β·ε/(α·Δ)⌉``); its unary code ``1^{y_i} 0^{m-y_i}`` is spread
-over an ``m × s`` bit array, bit ``b`` going to row ``h_b(i)`` of column ``b`` (bits of different
-keys are OR-ed); every bit is then flipped independently with probability ``p = 1/(α+2)``. The
-release is the flipped array plus the public seed of the hash functions, never the keys or values.
+Projection (Alg. 1). Each non-zero value ``x_i`` is scaled to ``x_i·ε/(α·Δ)`` and randomly
+rounded to an integer ``y_i`` (capped at ``m = ⌈β·ε/(α·Δ)⌉``); its unary code ``1^{y_i} 0^{m-y_i}``
+is spread over an ``m × s`` bit array, bit ``b`` going to row ``h_b(i)`` of column ``b`` (bits of
+different keys are OR-ed); every bit is then flipped independently with probability
+``p = 1/(α+2)``. The release is the flipped array plus the public seed of the hash functions, never
+the keys or values.
 
 Privacy (Sec. 3.1 and the full version). Cells are independent given the input, a key's random
-rounding moves at most one of its bits, and the probability that a cell is 1 before flipping moves by
-at most ``|Δy|``; after flipping, the probability of either output of the cell changes by a factor at
-most ``1 + ((1 - 2p)/p)·|Δy| = 1 + α|Δy| <= e^{α|Δy|}``. Neighbours differ by at most ``Δ =
-max_groups_per_unit · max_rows_per_group`` in L1, i.e. by ``ε/α`` in scaled units, so every output's
-probability changes by a factor at most ``e^ε``: the sketch is ε-DP (δ = 0).
+rounding moves at most one of its bits, and the probability that a cell is 1 before flipping moves
+by at most ``|Δy|``; after flipping, the probability of either output of the cell changes by a
+factor at most ``1 + ((1 - 2p)/p)·|Δy| = 1 + α|Δy| <= e^{α|Δy|}``. Neighbours differ by at most
+``Δ = max_groups_per_unit · max_rows_per_group`` in L1, i.e. by ``ε/α`` in scaled units, so every
+output's probability changes by a factor at most ``e^ε``: the sketch is ε-DP (δ = 0).
 
 Exact flips. ``p`` is made a dyadic rational ``j/2^K`` (``K <= 16``) *rounded up*, and ``α`` is
 replaced by the effective ``α' = (1 - 2p)/p <= α`` everywhere (scaling, ``m``, estimates), so the
-argument above holds exactly with ``α'``. Flips are drawn bit-sliced: ``K`` random 64-bit words give 64
-cells at once. The default ``α = 10/3`` has ``p = 3/16`` exactly (4 random bits per cell); ``α = 3``
-becomes ``p = 205/1024``, ``α' ≈ 2.995``.
+argument above holds exactly with ``α'``. Flips are drawn bit-sliced: ``K`` random 64-bit words
+give 64 cells at once. The default ``α = 10/3`` has ``p = 3/16`` exactly (4 random bits per cell);
+``α = 3`` becomes ``p = 205/1024``, ``α' ≈ 2.995``.
 
-Estimator (Alg. 2). ``f(n) = Σ_{b<n} (2·z̃[h_b(i), b] − 1)`` for ``n = 0..m``; the estimate is the mean
-of the maximisers of ``f`` times ``α'·Δ/ε``. Any key can be queried; absent keys get small values.
+Estimator (Alg. 2). ``f(n) = Σ_{b<n} (2·z̃[h_b(i), b] − 1)`` for ``n = 0..m``; the estimate is
+the mean of the maximisers of ``f`` times ``α'·Δ/ε``. Any key can be queried; absent keys get small
+values.
 
-Size. ``s`` (rows) should be about ``rows_per_key · k`` for ``k`` non-zero keys (collision probability
-``<= k/s``), but ``k`` is private. With ``s=None`` a fraction ``size_fraction`` of ε buys a discrete
-Laplace estimate of ``k`` (sensitivity ``max_groups_per_unit``) and ``s`` is derived from it; the
-projection gets the rest of ε (sequential composition). Pass ``s`` to skip this when a public bound on
-``k`` is known. ``s`` is rounded up to a multiple of 64.
+Size. ``s`` (rows) should be about ``rows_per_key · k`` for ``k`` non-zero keys (collision
+probability ``<= k/s``), but ``k`` is private. With ``s=None`` a fraction ``size_fraction`` of ε
+buys a discrete Laplace estimate of ``k`` (sensitivity ``max_groups_per_unit``) and ``s`` is derived
+from it; the projection gets the rest of ε (sequential composition). Pass ``s`` to skip this when a
+public bound on ``k`` is known. ``s`` is rounded up to a multiple of 64.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ __all__ = [
     "effective_alpha",
     "flip_probability",
     "project",
+    "project_hashes",
+    "walk_estimate",
 ]
 
 DEFAULT_ALPHA = Fraction(10, 3)
@@ -88,7 +92,7 @@ MAX_CELLS = 2**36
 _MIN_ALPHA, _MAX_ALPHA = 0.05, 100.0
 _FLIP_BITS = 16
 _ALPHA_KEEP = Fraction(995, 1000)
-_CHUNK_KEYS = 1 << 14
+_CHUNK_CELLS = 1 << 19
 _GROUP_CELLS = 1 << 23
 _MAGIC = b"DPSQLALP"
 _FORMAT_VERSION = 1
@@ -110,7 +114,7 @@ def flip_probability(alpha: float | Fraction) -> Fraction:
 
 
 def effective_alpha(flip: Fraction) -> Fraction:
-    """``α' = (1 - 2p)/p``: the α whose privacy argument holds exactly for flip probability ``p``."""
+    """``α' = (1 - 2p)/p``: the α for which flip probability ``p`` is exactly ``1/(α'+2)``."""
     return (1 - 2 * flip) / flip
 
 
@@ -139,6 +143,27 @@ def _bernoulli_words(flip: Fraction, words: int, rng: np.random.Generator) -> np
         else:
             equal &= ~uniform
     return less
+
+
+def walk_estimate(bits: np.ndarray) -> np.ndarray:
+    """Steps 1-3 of Alg. 2 on a ``(keys, m)`` array whose last bit (``& 1``) is ``z̃[h_b(i), b]``.
+
+    ``f(n) = Σ_{b<n} (2·bit_b − 1)`` for ``n = 0..m``; returns the mean of the maximisers of ``f``
+    (the unscaled ``ỹ``). Vectorized over keys: one cumulative sum per row.
+
+    >>> walk_estimate(np.array([[1, 1, 0, 1, 0, 0], [0, 0, 0, 0, 0, 0]], dtype=np.uint8)).tolist()
+    [3.0, 0.0]
+    """
+    walk = bits.astype(np.int16)
+    walk &= 1
+    walk *= 2
+    walk -= 1
+    np.cumsum(walk, axis=1, out=walk)
+    peak = walk.max(axis=1, initial=0)
+    at_peak = walk == peak[:, None]
+    total = at_peak @ np.arange(1, bits.shape[1] + 1, dtype=np.int32)
+    count = at_peak.sum(axis=1) + (peak == 0)
+    return total / count
 
 
 def _value_array(values: object, size: int) -> np.ndarray:
@@ -211,7 +236,9 @@ class ALPSketch:
         """Alg. 2 for every key in ``keys`` (same kind, str or int, as at projection): float64."""
         kind, array = as_key_array(keys)
         if array.size and kind != self.key_kind:
-            raise ParameterError(f"keys must be {self.key_kind} keys like the projection's, got {kind}")
+            raise ParameterError(
+                f"keys must be {self.key_kind} keys like the projection's, got {kind}"
+            )
         return self.estimate_hashes(hash_keys(array, self.seed))
 
     def estimate_hashes(self, key_hashes: np.ndarray) -> np.ndarray:
@@ -219,21 +246,14 @@ class ALPSketch:
         key_hashes = np.asarray(key_hashes, dtype=np.uint64)
         out = np.empty(key_hashes.size, dtype=np.float64)
         offsets = np.arange(self.m, dtype=np.uint64) * np.uint64(self.s)
-        positions = np.arange(1, self.m + 1, dtype=np.int32)
-        for start in range(0, key_hashes.size, _CHUNK_KEYS):
-            cells = self._family.all_rows(key_hashes[start : start + _CHUNK_KEYS])
+        chunk = max(1, _CHUNK_CELLS // self.m)
+        for start in range(0, key_hashes.size, chunk):
+            cells = self._family.all_rows(key_hashes[start : start + chunk])
             cells += offsets
             shifts = np.uint8(7) - (cells & np.uint64(7)).astype(np.uint8)
-            walk = (self.bits[cells >> np.uint64(3)] >> shifts).astype(np.int16)
-            walk &= 1
-            walk *= 2
-            walk -= 1
-            np.cumsum(walk, axis=1, out=walk)
-            peak = np.maximum(walk.max(axis=1), 0)
-            at_peak = walk == peak[:, None]
-            total = at_peak @ positions
-            count = at_peak.sum(axis=1) + (peak == 0)
-            out[start : start + cells.shape[0]] = total / count
+            out[start : start + cells.shape[0]] = walk_estimate(
+                self.bits[cells >> np.uint64(3)] >> shifts
+            )
         return out * self.step
 
     def to_bytes(self) -> bytes:
@@ -325,7 +345,7 @@ def project(
     seed: int | None = None,
     rng: np.random.Generator | None = None,
 ) -> ALPSketch:
-    """ALP projection (Alg. 1) of the vector ``{key: count}``: ε-DP for the given contribution bounds.
+    """ALP projection (Alg. 1) of ``{key: count}``: ε-DP for the given contribution bounds.
 
     ``keys`` are distinct str or integer keys, ``counts`` non-negative numbers (already bounded:
     each privacy unit changes at most ``max_groups_per_unit`` entries by at most
@@ -339,6 +359,46 @@ def project(
     >>> sketch.m, sketch.s, sketch.flip_probability, len(sketch.to_bytes()) > sketch.nbytes
     (27, 64, Fraction(3, 16), True)
     """
+    kind, key_array = as_key_array(keys)
+    values = _value_array(counts, key_array.size)
+    rng = resolve_rng(rng)
+    seed = new_seed(rng) if seed is None else check_seed(seed)
+    key_hashes = hash_keys(key_array, seed)
+    _check_unique(kind, key_array, key_hashes)
+    return project_hashes(
+        key_hashes,
+        values,
+        key_kind=kind,
+        epsilon=epsilon,
+        alpha=alpha,
+        s=s,
+        beta=beta,
+        rows_per_key=rows_per_key,
+        size_fraction=size_fraction,
+        max_groups_per_unit=max_groups_per_unit,
+        max_rows_per_group=max_rows_per_group,
+        seed=seed,
+        rng=rng,
+    )
+
+
+def project_hashes(
+    key_hashes: np.ndarray,
+    counts: object,
+    *,
+    key_kind: KeyKind,
+    epsilon: float,
+    seed: int,
+    alpha: float | Fraction = DEFAULT_ALPHA,
+    s: int | None = None,
+    beta: float | None = None,
+    rows_per_key: float = DEFAULT_ROWS_PER_KEY,
+    size_fraction: float = DEFAULT_SIZE_FRACTION,
+    max_groups_per_unit: int = 1,
+    max_rows_per_group: int = 1,
+    rng: np.random.Generator | None = None,
+) -> ALPSketch:
+    """:func:`project` for keys already hashed by ``hash_keys(keys, seed)`` (kind ``key_kind``)."""
     epsilon = positive_finite("epsilon", epsilon)
     alpha_value = positive_finite("alpha", alpha)
     if not _MIN_ALPHA <= alpha_value <= _MAX_ALPHA:
@@ -352,11 +412,15 @@ def project(
         if s > MAX_ROWS:
             raise ParameterError(f"s must be at most {MAX_ROWS}, got {s!r}")
         s = -(-s // 64) * 64
-    kind, key_array = as_key_array(keys)
-    values = _value_array(counts, key_array.size)
+    if key_kind not in ("str", "int"):
+        raise ParameterError(f"key_kind must be 'str' or 'int', got {key_kind!r}")
+    seed = check_seed(seed)
+    key_hashes = np.asarray(key_hashes, dtype=np.uint64)
+    values = _value_array(counts, key_hashes.size)
     rng = resolve_rng(rng)
-    seed = new_seed(rng) if seed is None else check_seed(seed)
-    beta_value = default_beta(epsilon, sensitivity) if beta is None else positive_finite("beta", beta)
+    beta_value = (
+        default_beta(epsilon, sensitivity) if beta is None else positive_finite("beta", beta)
+    )
 
     noisy_key_count = None
     projection_epsilon = epsilon
@@ -375,30 +439,6 @@ def project(
             f"sketch too large: m={m} hash functions (at most {MAX_FUNCTIONS}) and s*m={s * m} "
             f"bits (at most {MAX_CELLS}); lower beta or s, or raise alpha"
         )
-
-    key_hashes = hash_keys(key_array, seed)
-    _check_unique(kind, key_array, key_hashes)
-    scaled = values * scale
-    whole = np.floor(scaled)
-    unary = np.minimum(whole + (rng.random(scaled.size) < scaled - whole), m).astype(np.int64)
-    present = unary > 0
-    order = np.argsort(-unary[present], kind="stable")
-    sorted_hashes = key_hashes[present][order]
-    at_least = np.cumsum(np.bincount(unary[present], minlength=m + 1)[::-1])[::-1][1:]
-
-    family = HashFamily(seed, m, s)
-    bits = np.empty(s * m // 8, dtype=np.uint8)
-    columns_per_group = max(1, _GROUP_CELLS // s)
-    for first in range(0, m, columns_per_group):
-        last = min(m, first + columns_per_group)
-        embedding = np.zeros((last - first, s), dtype=bool)
-        for column in range(first, last):
-            holders = sorted_hashes[: at_least[column]]
-            embedding[column - first, family.rows(holders, column)] = True
-        packed = np.packbits(embedding)
-        flips = _bernoulli_words(flip, packed.size // 8, rng).view(np.uint8)
-        bits[first * s // 8 : last * s // 8] = packed ^ flips
-    bits.flags.writeable = False
     return ALPSketch(
         epsilon=epsilon,
         projection_epsilon=projection_epsilon,
@@ -410,7 +450,40 @@ def project(
         s=s,
         m=m,
         seed=seed,
-        key_kind=kind,
-        bits=bits,
+        key_kind=key_kind,
+        bits=_embed_and_flip(key_hashes, values * scale, HashFamily(seed, m, s), flip, rng),
         noisy_key_count=noisy_key_count,
     )
+
+
+def _embed_and_flip(
+    key_hashes: np.ndarray,
+    scaled: np.ndarray,
+    family: HashFamily,
+    flip: Fraction,
+    rng: np.random.Generator,
+) -> np.ndarray:
+    """Alg. 1 steps 1-3: random rounding, unary codes spread by ``family``, randomized response."""
+    m, s = family.m, family.s
+    whole = np.floor(scaled)
+    unary = np.minimum(whole + (rng.random(scaled.size) < scaled - whole), m).astype(np.int64)
+    present = unary > 0
+    order = np.argsort(-unary[present].astype(np.int16), kind="stable")
+    sorted_hashes = key_hashes[present][order]
+    at_least = np.cumsum(np.bincount(unary[present], minlength=m + 1)[::-1])[::-1][1:]
+
+    bits = np.empty(s * m // 8, dtype=np.uint8)
+    columns_per_group = max(1, _GROUP_CELLS // s)
+    buffer = np.empty((min(m, columns_per_group), s), dtype=bool)
+    for first in range(0, m, columns_per_group):
+        last = min(m, first + columns_per_group)
+        embedding = buffer[: last - first]
+        embedding.fill(False)
+        for column in range(first, last):
+            holders = sorted_hashes[: at_least[column]]
+            embedding[column - first, family.rows(holders, column)] = True
+        packed = np.packbits(embedding)
+        flips = _bernoulli_words(flip, packed.size // 8, rng).view(np.uint8)
+        np.bitwise_xor(packed, flips, out=bits[first * s // 8 : last * s // 8])
+    bits.flags.writeable = False
+    return bits

@@ -1,7 +1,7 @@
-"""Seeded 64-bit key hashes, the ALP hash family, and argument checks shared by the sparse mechanisms.
+"""Seeded 64-bit key hashes, the ALP hash family, and argument checks shared by sparse mechanisms.
 
-Everything here is a deterministic function of a public 64-bit ``seed`` (stored in every release), so
-anyone holding a release can recompute the hash of a candidate key; no data ever enters a seed.
+Everything here is a deterministic function of a public 64-bit ``seed`` (stored in every release),
+so anyone holding a release can recompute the hash of a candidate key; no data ever enters a seed.
 
 Key hashes (scheme ``KEY_HASH_SCHEME``)
 ---------------------------------------
@@ -10,24 +10,24 @@ Key hashes (scheme ``KEY_HASH_SCHEME``)
 * ``str`` keys: ``pandas.util.hash_array(keys, encoding="utf8", hash_key=f"{key_seed:016x}",
   categorize=False)``, i.e. SipHash-2-4 keyed with those 16 ASCII bytes over the UTF-8 bytes of each
   key, followed by pandas' SplitMix64 finaliser (vectorized in C, no Python loop per key);
-* integer keys (their 64-bit two's-complement pattern ``x``): ``mix64(x XOR key_seed)``, a bijection,
-  so distinct integers never share a hash.
+* integer keys (their 64-bit two's-complement pattern ``x``): ``mix64(x XOR key_seed)``, a
+  bijection, so distinct integers never share a hash.
 
 ALP hash family
 ---------------
-``h_b(x) = ((((A_b · x + C_b) mod 2**64) >> 32) · s) >> 32`` for ``b = 0 .. m-1``: multiply-add-shift
-(Dietzfelbinger et al. 1997) on the 64-bit key hash, then Lemire's multiply-shift range reduction to
-``[0, s)``. ``A_b`` (odd) and ``C_b`` are ``seed_words(seed, 2m + 1)[1:]``. This stands in for the
-universal family of Alg. 1 (Aumüller, Lebeda, Pagh, CCS'21); with pseudo-random key hashes the
-per-bit collision probability of two keys is ≈ ``1/s``.
+``h_b(x) = ((((A_b · x + C_b) mod 2**64) >> 32) · s) >> 32`` for ``b = 0 .. m-1``:
+multiply-add-shift (Dietzfelbinger et al. 1997) on the 64-bit key hash, then Lemire's multiply-shift
+range reduction to ``[0, s)``. ``A_b`` (odd) and ``C_b`` are ``seed_words(seed, 2m + 1)[1:]``.
+This stands in for the universal family of Alg. 1 (Aumüller, Lebeda, Pagh, CCS'21); with
+pseudo-random key hashes the per-bit collision probability of two keys is ≈ ``1/s``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
 from fractions import Fraction
+from functools import cached_property
 from numbers import Real
 from typing import Literal
 
@@ -59,7 +59,7 @@ _MIX2 = 0x94D049BB133111EB
 
 
 def mix64(values: np.ndarray) -> np.ndarray:
-    """SplitMix64's finaliser on a uint64 array (a bijection of 64-bit words); returns a new array."""
+    """SplitMix64's finaliser on a uint64 array (a bijection of 64-bit words), as a new array."""
     z = np.array(values, dtype=np.uint64, copy=True)
     z ^= z >> np.uint64(30)
     z *= np.uint64(_MIX1)
@@ -77,7 +77,7 @@ def _mix64_int(value: int) -> int:
 
 
 def seed_words(seed: int, count: int) -> np.ndarray:
-    """The first ``count`` outputs of SplitMix64 started at ``seed`` (uint64; stable across versions).
+    """The first ``count`` outputs of SplitMix64 started at ``seed`` (uint64; stable forever).
 
     >>> [hex(int(w)) for w in seed_words(0, 2)]
     ['0xe220a8397b1dcdaf', '0x6e789e6aa1b965f4']
@@ -104,7 +104,7 @@ def as_key_array(keys: object, name: str = "keys") -> tuple[KeyKind, np.ndarray]
     >>> as_key_array(["a", "b"])[0], as_key_array(np.array([3, 4], dtype=np.int32))[1].dtype
     ('str', dtype('int64'))
     """
-    array = keys if isinstance(keys, np.ndarray) else np.asarray(keys)
+    array = keys if isinstance(keys, np.ndarray) else np.asarray(keys, dtype=object)
     if array.ndim != 1:
         raise ParameterError(f"{name} must be one-dimensional, got shape {array.shape}")
     kind = array.dtype.kind
@@ -117,7 +117,10 @@ def as_key_array(keys: object, name: str = "keys") -> tuple[KeyKind, np.ndarray]
         if inferred in ("string", "empty"):
             return "str", array
         if inferred == "integer":
-            return "int", array.astype(np.int64)
+            try:
+                return "int", array.astype(np.int64)
+            except OverflowError as error:
+                raise ParameterError(f"{name} must fit in int64") from error
         raise ParameterError(f"{name} must be all str or all integers, got {inferred} values")
     if array.size == 0:
         raise ParameterError(f"{name} is empty with dtype {array.dtype}; pass an int or str dtype")
@@ -160,11 +163,13 @@ class HashFamily:
         return seed_words(self.seed, 2 * self.m + 1)[2::2]
 
     def rows(self, key_hashes: np.ndarray, function: int) -> np.ndarray:
-        """``h_function(x)`` for every key hash ``x`` (uint64 array of rows in ``[0, s)``)."""
-        a = self.multipliers[function]
-        c = self.increments[function]
-        high = (key_hashes * a + c) >> np.uint64(32)
-        return (high * np.uint64(self.s)) >> np.uint64(32)
+        """``h_function(x)`` for every key hash ``x``: int64 rows in ``[0, s)``."""
+        mixed = key_hashes * self.multipliers[function]
+        mixed += self.increments[function]
+        mixed >>= np.uint64(32)
+        mixed *= np.uint64(self.s)
+        mixed >>= np.uint64(32)
+        return mixed.view(np.int64)
 
     def all_rows(self, key_hashes: np.ndarray) -> np.ndarray:
         """Rows under every function at once: shape ``(len(key_hashes), m)``, uint64."""
