@@ -22,6 +22,7 @@ __all__ = [
     "Event",
     "MechanismEvent",
     "ParallelEvent",
+    "PostProcessingEvent",
     "SequentialEvent",
     "event_from_dict",
     "event_to_dict",
@@ -60,13 +61,23 @@ class ParallelEvent:
     events: tuple[Event, ...]
 
 
-Event = MechanismEvent | SequentialEvent | ParallelEvent
+@dataclass(frozen=True)
+class PostProcessingEvent:
+    """An answer computed from an earlier, already-charged release (``source``): it costs nothing."""
+
+    source: str
+    label: str = ""
+
+
+Event = MechanismEvent | SequentialEvent | ParallelEvent | PostProcessingEvent
 
 
 def total(event: Event) -> Cost:
     """The exact cost of a tree (leaves rounded up to the ledger's resolution)."""
     if isinstance(event, MechanismEvent):
         return Cost.of(event.epsilon, event.delta)
+    if isinstance(event, PostProcessingEvent):
+        return Cost()
     costs = [total(child) for child in event.events]
     result = Cost()
     for cost in costs:
@@ -85,6 +96,8 @@ def event_to_dict(event: Event) -> dict[str, Any]:
             "label": event.label,
             "params": dict(event.params),
         }
+    if isinstance(event, PostProcessingEvent):
+        return {"type": "post_processing", "source": event.source, "label": event.label}
     kind = "sequential" if isinstance(event, SequentialEvent) else "parallel"
     return {"type": kind, "events": [event_to_dict(child) for child in event.events]}
 
@@ -100,6 +113,8 @@ def event_from_dict(data: dict[str, Any]) -> Event:
             data.get("label", ""),
             tuple(sorted(data.get("params", {}).items())),
         )
+    if kind == "post_processing":
+        return PostProcessingEvent(data["source"], data.get("label", ""))
     children = tuple(event_from_dict(child) for child in data["events"])
     if kind == "sequential":
         return SequentialEvent(children)

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dpsql.accountant.events import total
+from dpsql.accountant.events import Event, total
 from dpsql.accountant.ledger import Ledger, LedgerEntry
 from dpsql.accountant.limits import Limits
 from dpsql.accountant.units import Cost, check_budget_value
@@ -345,6 +345,18 @@ class Session:
             mechanism=MECHANISM,
             analyst=self.analyst,
             ledger_entry=entry.seq,
+        )
+
+    def charge(
+        self, event: Event, *, query: str, plan: dict[str, Any], mechanism: str
+    ) -> LedgerEntry:
+        """Charge a release made outside ``execute`` (e.g. a published table) to this analyst.
+
+        Check-and-record is atomic; raise ``BudgetExceededError`` and record nothing when a limit
+        would be passed. Call it before the release leaves the engine.
+        """
+        return self._ledger.charge(
+            analyst=self.analyst, event=event, query=query, plan=plan, mechanism=mechanism
         )
 
     # budget and ledger --------------------------------------------------------------------------

@@ -98,7 +98,11 @@ def bounded_aggregate(
     salt: int,
     dialect: str = "duckdb",
 ) -> str:
-    """SQL returning one row per non-empty group: the group columns, then one column per measure."""
+    """SQL returning one row per non-empty group: the group columns, then one column per measure.
+
+    Group columns in ``public_keys`` are restricted to those keys; the others to non-NULL values
+    (their keys are released by a thresholding mechanism, not listed in advance).
+    """
     keys = [f"__key{i}" for i in range(len(shape.group_by))]
     select = [f"{_identifier(bounds.unit)} AS __unit"]
     select += [f"{_identifier(c)} AS {k}" for c, k in zip(shape.group_by, keys, strict=True)]
@@ -111,8 +115,11 @@ def bounded_aggregate(
     if shape.where is not None:
         conditions.append(f"({shape.where.sql(dialect='duckdb')})")
     for column in shape.group_by:
-        values = ", ".join(v.sql(dialect="duckdb") for v in public_keys[column])
-        conditions.append(f"{_identifier(column)} IN ({values})")
+        if column in public_keys:
+            values = ", ".join(v.sql(dialect="duckdb") for v in public_keys[column])
+            conditions.append(f"{_identifier(column)} IN ({values})")
+        else:
+            conditions.append(f"{_identifier(column)} IS NOT NULL")
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
     ctes = [f"source AS (SELECT {', '.join(select)} FROM {_identifier(shape.table)}{where})"]
 
@@ -134,7 +141,8 @@ def bounded_aggregate(
     # Rows' worth a cell keeps under the per-group bound (per-unit bound without GROUP BY).
     per_group = bounds.max_rows_per_group if keys else bounds.max_rows_per_unit
     kept = f"LEAST(__rows, {int(per_group)}.0)"
-    domain = math.prod(len(public_keys[c]) for c in shape.group_by) if keys else 1
+    # A column without public keys has an unknown domain: always rank.
+    domain = math.prod(len(public_keys.get(c, range(2**62))) for c in shape.group_by) if keys else 1
     rank_groups = bool(keys) and domain > bounds.max_groups_per_unit
     cap_unit = bool(keys) and (
         bounds.max_rows_per_unit < min(domain, bounds.max_groups_per_unit) * per_group
