@@ -63,7 +63,7 @@ class ParallelEvent:
 
 @dataclass(frozen=True)
 class PostProcessingEvent:
-    """An answer computed from an earlier, already-charged release (``source``): it costs nothing."""
+    """An answer computed from an earlier, already-charged release (``source``): costs nothing."""
 
     source: str
     label: str = ""
