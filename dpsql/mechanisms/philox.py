@@ -46,6 +46,27 @@ def _mulhilo(a: UInt64Array, multiplier: int) -> tuple[UInt64Array, UInt64Array]
     return high, a * np.uint64(multiplier)
 
 
+_SMALL = 32  # below this many elements, Python integers beat ~350 NumPy calls of fixed overhead
+_MASK = (1 << 64) - 1
+
+
+def _philox_scalar(x0: int, x1: int, x2: int, x3: int, k0: int, k1: int, rounds: int):
+    """Philox4x64 on Python integers (exact 128-bit products)."""
+    for round_index in range(rounds):
+        if round_index:
+            k0 = (k0 + 0x9E3779B97F4A7C15) & _MASK
+            k1 = (k1 + 0xBB67AE8584CAA73B) & _MASK
+        product0 = _M0 * x0
+        product1 = _M1 * x2
+        x0, x1, x2, x3 = (
+            (product1 >> 64) ^ x1 ^ k0,
+            product1 & _MASK,
+            (product0 >> 64) ^ x3 ^ k1,
+            product0 & _MASK,
+        )
+    return x0, x1, x2, x3
+
+
 def philox4x64(
     counter: tuple[npt.ArrayLike, npt.ArrayLike, npt.ArrayLike, npt.ArrayLike],
     key: tuple[npt.ArrayLike, npt.ArrayLike],
@@ -57,6 +78,12 @@ def philox4x64(
     increments the counter before its first block). All arithmetic is modulo 2**64.
     """
     arrays = np.broadcast_arrays(*(np.asarray(w, dtype=np.uint64) for w in (*counter, *key)))
+    if arrays[0].size <= _SMALL:
+        shape = arrays[0].shape if arrays[0].ndim else (1,)
+        columns = zip(*(a.ravel().tolist() for a in arrays), strict=True)
+        blocks = [_philox_scalar(*column, rounds) for column in columns]
+        words = np.array(blocks, dtype=np.uint64).reshape(-1, 4)
+        return tuple(words[:, i].reshape(shape) for i in range(4))  # type: ignore[return-value]
     x0, x1, x2, x3, k0, k1 = (np.array(w, dtype=np.uint64, ndmin=1) for w in arrays)
     with np.errstate(over="ignore"):
         for round_index in range(rounds):

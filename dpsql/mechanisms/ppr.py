@@ -53,7 +53,7 @@ _RATIO_SLACK = 1e-9
 
 @dataclass(frozen=True)
 class PPRIndices:
-    """The chosen candidate index ``K >= 1`` per instance, and the points each instance generated."""
+    """The chosen candidate index ``K >= 1`` per instance, and how many points each generated."""
 
     indices: npt.NDArray[np.int64]
     points: npt.NDArray[np.int64]
@@ -154,6 +154,16 @@ def _mean_count(
     return np.exp(log_t - x) - np.exp(log_f) * (upper + shape.h_one)
 
 
+def _grouped_order(
+    groups: npt.NDArray[np.int64], values: npt.NDArray[np.float64]
+) -> npt.NDArray[np.int64]:
+    """The permutation sorting by ``(groups, values)``; two integer sorts beat ``np.lexsort``."""
+    size = values.size
+    value_rank = np.empty(size, dtype=np.int64)
+    value_rank[np.argsort(values)] = np.arange(size)
+    return np.argsort(groups * size + value_rank)
+
+
 def _group_first(groups: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
     """Marks the first element of each run of equal values in a grouped (sorted) array."""
     first = np.ones(groups.size, dtype=bool)
@@ -194,7 +204,7 @@ class _Search:
         ):
             raise ParameterError("log_ratio returned a value above log_ratio_bounds (or NaN)")
         log_w = scores - self.shape.alpha * log_r
-        order = np.lexsort((log_w, instances))
+        order = _grouped_order(instances, log_w)
         first = order[_group_first(instances[order])]
         owner = instances[first]
         better = log_w[first] < self.best[owner]
@@ -235,7 +245,9 @@ def encode(
     generated = np.zeros(size, dtype=np.int64)
     total_u = np.zeros(size)
     ranked = np.zeros(size, dtype=np.int64)
-    first_block = np.minimum(16.0 + np.ceil(2.0 * np.exp(shape.log_c + bounds)), max_points + 1.0)
+    # A small first block (most instances finish in it), then doubling: the points needed grow
+    # like r*/r(winner), far below r* for typical targets.
+    first_block = np.minimum(3.0 + np.ceil(0.05 * np.exp(shape.log_c + bounds)), max_points + 1.0)
     first_block = first_block.astype(np.int64)
     # Points generated but not yet ranked (T above the frontier), over all active instances.
     pool_instance = np.zeros(0, dtype=np.int64)
@@ -266,7 +278,7 @@ def encode(
         log_f = np.log(total_u) - shape.log_c
         now_ranked = pool_log_t <= log_f[pool_instance]
         order = np.flatnonzero(now_ranked)
-        order = order[np.lexsort((pool_log_t[order], pool_instance[order]))]
+        order = order[_grouped_order(pool_instance[order], pool_log_t[order])]
         rank_instance = pool_instance[order]
         ranks = ranked[rank_instance] + _position_in_group(rank_instance) + 1
         np.add.at(ranked, rank_instance, 1)
@@ -274,7 +286,7 @@ def encode(
         lower = rank_score - shape.alpha * bounds[rank_instance]
         # Evaluate the most promising point of each instance first, then every point that
         # can still beat the best (most points never need their candidate drawn).
-        by_lower = np.lexsort((lower, rank_instance))
+        by_lower = _grouped_order(rank_instance, lower)
         head = by_lower[_group_first(rank_instance[by_lower])]
         head = head[lower[head] < search.best[rank_instance[head]]]
         search.evaluate(rank_instance[head], ranks[head], rank_score[head])
@@ -344,7 +356,7 @@ def _complete(
     """
     shape = search.shape
     order = np.flatnonzero(finishing)
-    order = order[np.lexsort((pool_log_t[order], pool_instance[order]))]
+    order = order[_grouped_order(pool_instance[order], pool_log_t[order])]
     instance = pool_instance[order]
     count_below = _position_in_group(instance) + 1
     pick = contender[order]
@@ -370,4 +382,3 @@ def _complete(
             "PPR index would exceed 2**60, an event of probability about 2**(-60 * (alpha - 1)) "
             "per instance (see docs/compressed_rr.md); use alpha >= 2"
         )
-
