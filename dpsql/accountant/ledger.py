@@ -19,8 +19,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dpsql.accountant.composition import Charge, Spend, basic_total, leaves, spend
 from dpsql.accountant.events import Event, event_from_dict, event_to_dict, total
 from dpsql.accountant.limits import Limits
+from dpsql.accountant.regions import Region, max_cost_over_points
 from dpsql.accountant.units import Cost
 from dpsql.errors import BudgetExceededError, LedgerError, PolicyError
 
@@ -38,6 +40,7 @@ CREATE TABLE IF NOT EXISTS entries (
     plan TEXT,
     mechanism TEXT,
     payload TEXT NOT NULL,
+    partition TEXT,
     epsilon_units INTEGER NOT NULL,
     delta_units INTEGER NOT NULL,
     prev_hash TEXT NOT NULL,
@@ -58,6 +61,7 @@ _COLUMNS = (
     "plan",
     "mechanism",
     "payload",
+    "partition",
     "epsilon_units",
     "delta_units",
     "prev_hash",
@@ -78,6 +82,7 @@ class LedgerEntry:
     plan: str | None
     mechanism: str | None
     payload: str
+    partition: str | None
     epsilon_units: int
     delta_units: int
     prev_hash: str
@@ -96,6 +101,7 @@ class LedgerEntry:
         data = asdict(self)
         data["payload"] = json.loads(self.payload)
         data["plan"] = json.loads(self.plan) if self.plan else None
+        data["partition"] = json.loads(self.partition) if self.partition else None
         data["epsilon"] = self.cost.epsilon
         data["delta"] = self.cost.delta
         return data
@@ -103,12 +109,16 @@ class LedgerEntry:
 
 @dataclass(frozen=True)
 class BudgetLine:
-    """Cap, spent and remaining for the dataset or one analyst."""
+    """Cap, spent and remaining for the dataset, one analyst, or the people of one partition.
+
+    ``rule`` says which composition bound gave ``spent``: "basic" or "advanced".
+    """
 
     scope: str
     name: str
     cap: Cost
     spent: Cost
+    rule: str = "basic"
 
     @property
     def remaining(self) -> Cost:
@@ -124,6 +134,8 @@ class Ledger:
     def __init__(self, path: str | Path, *, dataset: str):
         self.path = Path(path)
         self.dataset = dataset
+        self._cache: list[Charge] = []
+        self._seen = 0
         try:
             self._connection = sqlite3.connect(self.path, timeout=60, isolation_level=None)
             self._connection.execute("PRAGMA journal_mode=WAL")
@@ -226,17 +238,32 @@ class Ledger:
             )
         return Limits.from_dict(payload["limits"])
 
-    def _spent(self, connection: sqlite3.Connection, analyst: str | None = None) -> Cost:
-        query = (
-            "SELECT COALESCE(SUM(epsilon_units), 0), COALESCE(SUM(delta_units), 0) "
-            "FROM entries WHERE kind = 'charge'"
-        )
-        parameters: tuple[Any, ...] = ()
-        if analyst is not None:
-            query += " AND analyst = ?"
-            parameters = (analyst,)
-        epsilon_units, delta_units = connection.execute(query, parameters).fetchone()
-        return Cost(int(epsilon_units), int(delta_units))
+    def _charges(self, connection: sqlite3.Connection, analyst: str | None = None) -> list[Charge]:
+        """Every charge (of ``analyst``), parsed once and cached; only new entries are read."""
+        rows = connection.execute(
+            "SELECT seq, analyst, epsilon_units, delta_units, payload, partition FROM entries "
+            "WHERE kind = 'charge' AND seq > ? ORDER BY seq",
+            (self._seen,),
+        ).fetchall()
+        for seq, name, e, d, payload, partition in rows:
+            event = event_from_dict(json.loads(payload))
+            self._cache.append(_charge(name, Cost(int(e), int(d)), event, partition))
+            self._seen = seq
+        if analyst is None:
+            return list(self._cache)
+        return [charge for charge in self._cache if charge.analyst == analyst]
+
+    def _spend(
+        self,
+        connection: sqlite3.Connection,
+        limits: Limits,
+        analyst: str | None = None,
+        extra: Charge | None = None,
+    ) -> Spend:
+        charges = self._charges(connection, analyst)
+        if extra is not None:
+            charges.append(extra)
+        return spend(charges, advanced_delta=limits.advanced_delta)
 
     def policy(self) -> dict[str, Any] | None:
         """The policy document in force (as given to ``set_policy``), or None before one is set."""
@@ -246,16 +273,16 @@ class Ledger:
     def set_policy(self, document: dict[str, Any], limits: Limits) -> LedgerEntry:
         """Record a new policy; refuse caps or allocations below what was already spent."""
         with self._transaction() as connection:
-            spent = self._spent(connection)
-            if not spent.fits_within(limits.dataset):
+            spent = self._spend(connection, limits).best
+            if not self._spend(connection, limits).fits_within(limits.dataset):
                 raise PolicyError(
                     f"refused: the new dataset cap (epsilon={limits.dataset.epsilon:g}, "
                     f"delta={limits.dataset.delta:g}) is below what was already spent "
                     f"(epsilon={spent.epsilon:g}, delta={spent.delta:g})"
                 )
             for name, allocation in limits.analysts.items():
-                used = self._spent(connection, name)
-                if not used.fits_within(allocation):
+                used = self._spend(connection, limits, name).best
+                if not self._spend(connection, limits, name).fits_within(allocation):
                     raise PolicyError(
                         f"refused: analyst {name!r}'s new allocation (epsilon="
                         f"{allocation.epsilon:g}, delta={allocation.delta:g}) is below what "
@@ -270,31 +297,54 @@ class Ledger:
                 plan=None,
                 mechanism=None,
                 payload=json.dumps(payload, sort_keys=True),
+                partition=None,
                 epsilon_units=0,
                 delta_units=0,
             )
 
     def charge(
-        self, *, analyst: str, event: Event, query: str, plan: dict[str, Any], mechanism: str
+        self,
+        *,
+        analyst: str,
+        event: Event,
+        query: str,
+        plan: dict[str, Any],
+        mechanism: str,
+        partition: tuple[str, Region] | None = None,
     ) -> LedgerEntry:
-        """Check both limits and record the charge atomically, or raise and record nothing."""
+        """Check both limits and record the charge atomically, or raise and record nothing.
+
+        ``partition`` = (family, region) when the query is confined to part of a partition
+        column's values; such charges compose in parallel with disjoint ones of the same family.
+        """
         cost = total(event)
+        stored = None
+        if partition is not None:
+            stored = json.dumps({"family": partition[0], "region": partition[1].to_list()})
+        new = _charge(analyst, cost, event, stored)
         with self._transaction() as connection:
             limits = self._limits(connection)
             allocation = limits.analysts.get(analyst)
             if allocation is None:
                 raise PolicyError(f"analyst {analyst!r} has no allocation in the policy")
             checks = (
-                (f"dataset {self.dataset!r} cap", self._spent(connection), limits.dataset),
-                (f"analyst {analyst!r} allocation", self._spent(connection, analyst), allocation),
+                (f"dataset {self.dataset!r} cap", None, limits.dataset),
+                (f"analyst {analyst!r} allocation", analyst, allocation),
             )
-            for name, spent, cap in checks:
-                if not (spent + cost).fits_within(cap):
+            for name, scope, cap in checks:
+                if not self._spend(connection, limits, scope, new).fits_within(cap):
+                    spent = self._spend(connection, limits, scope).best
+                    where = ""
+                    if partition is not None:
+                        spent = basic_total(self._charges(connection, scope), partition)
+                        column = partition[0].split(".", 1)[-1]
+                        where = f" for the people where {partition[1].describe(column)}"
                     remaining = BudgetLine("", "", cap, spent).remaining
                     raise BudgetExceededError(
                         f"budget exceeded: the query needs epsilon={cost.epsilon:.10g}, "
                         f"delta={cost.delta:.10g} but the {name} has epsilon="
                         f"{remaining.epsilon:.10g}, delta={remaining.delta:.10g} remaining"
+                        f"{where}"
                     )
             return self._append(
                 connection,
@@ -304,21 +354,49 @@ class Ledger:
                 plan=json.dumps(plan, sort_keys=True),
                 mechanism=mechanism,
                 payload=json.dumps(event_to_dict(event), sort_keys=True),
+                partition=stored,
                 epsilon_units=cost.epsilon_units,
                 delta_units=cost.delta_units,
             )
 
     def budget(self, analyst: str | None = None) -> list[BudgetLine]:
-        """Cap, spent and remaining for the dataset and each analyst (or just ``analyst``)."""
+        """Cap, spent and remaining for the dataset, each analyst (or just ``analyst``), and the
+        people of each partition value that a partitioned charge touched."""
         connection = self._connection
         limits = self._limits(connection)
-        lines = [BudgetLine("dataset", self.dataset, limits.dataset, self._spent(connection))]
+        dataset = self._spend(connection, limits)
+        lines = [BudgetLine("dataset", self.dataset, limits.dataset, dataset.best, dataset.rule)]
         for name, allocation in sorted(limits.analysts.items()):
             if analyst is None or name == analyst:
-                lines.append(BudgetLine("analyst", name, allocation, self._spent(connection, name)))
+                used = self._spend(connection, limits, name)
+                lines.append(BudgetLine("analyst", name, allocation, used.best, used.rule))
         if analyst is not None and len(lines) == 1:
             raise PolicyError(f"analyst {analyst!r} has no allocation in the policy")
+        lines += _partition_lines(self._charges(connection), limits.dataset)
         return lines
+
+
+def _charge(analyst: str | None, cost: Cost, event: Event, partition: str | None) -> Charge:
+    family = region = None
+    if partition:
+        stored = json.loads(partition)
+        family, region = stored["family"], Region.from_list(stored["region"])
+    return Charge(analyst, cost, leaves(event), family, region)
+
+
+def _partition_lines(charges: list[Charge], cap: Cost) -> list[BudgetLine]:
+    """Per partition family and probed value: what the people there have spent (basic)."""
+    families = sorted({c.family for c in charges if c.family is not None})
+    lines = []
+    for family in families:
+        others = [c for c in charges if c.family != family]
+        base = basic_total(others)
+        mine = [(c.region, c.cost) for c in charges if c.family == family and c.region]
+        _, totals = max_cost_over_points(mine)
+        for label, cost in totals:
+            if cost != Cost() and not label.startswith(("just above", "below")):
+                lines.append(BudgetLine("partition", f"{family} = {label}", cap, base + cost))
+    return lines
 
 
 def _charge_cost(entry: LedgerEntry) -> Cost:

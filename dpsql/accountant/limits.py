@@ -16,9 +16,12 @@ class Limits:
 
     dataset: Cost
     analysts: dict[str, Cost] = field(default_factory=dict)
+    advanced_delta: float | None = None
+    """δ′ of advanced composition when the policy enables it (see ``composition``)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "advanced_delta": self.advanced_delta,
             "dataset": [self.dataset.epsilon_units, self.dataset.delta_units],
             "analysts": {
                 name: [c.epsilon_units, c.delta_units] for name, c in sorted(self.analysts.items())
@@ -28,5 +31,7 @@ class Limits:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Limits:
         return cls(
-            Cost(*data["dataset"]), {name: Cost(*units) for name, units in data["analysts"].items()}
+            Cost(*data["dataset"]),
+            {name: Cost(*units) for name, units in data["analysts"].items()},
+            data.get("advanced_delta"),
         )

@@ -14,11 +14,13 @@ from typing import Any
 from sqlglot import exp
 
 from dpsql.accountant.events import MechanismEvent, SequentialEvent
+from dpsql.accountant.regions import Region
 from dpsql.accountant.units import Cost
 from dpsql.engine.policy import Policy, PublicKey, TablePolicy
 from dpsql.errors import ParameterError, PolicyError, SchemaError, UnsupportedQueryError
 from dpsql.mechanisms.laplace import choose_grid, noise_scale
 from dpsql.sql.generate import Bounds, Measure, MeasureKind
+from dpsql.sql.partition import partition_region
 from dpsql.sql.shape import AggregateKind, ColumnKind, QueryShape
 
 __all__ = ["MAX_GROUPS", "MeasurementPlan", "QueryPlan", "key_literal", "plan_query"]
@@ -58,6 +60,8 @@ class QueryPlan:
     epsilon: float
     delta: float
     confidence: float
+    partition: tuple[str, Region] | None = None
+    """(family, region) when the WHERE clause confines the table's partition column."""
 
     @property
     def groups(self) -> int:
@@ -96,6 +100,14 @@ class QueryPlan:
                 "max_rows_per_group": self.bounds.max_rows_per_group,
                 "max_rows_per_unit": self.bounds.max_rows_per_unit,
             },
+            "partition": (
+                None
+                if self.partition is None
+                else {
+                    "family": self.partition[0],
+                    "region": self.partition[1].describe(self.table.partition_column or ""),
+                }
+            ),
             "mechanism": MECHANISM,
             "epsilon": self.epsilon,
             "delta": self.delta,
@@ -129,6 +141,14 @@ def key_literal(value: PublicKey, kind: ColumnKind, column: str) -> tuple[Any, e
         target = "DATE" if kind is ColumnKind.DATE else "TIMESTAMP"
         return value, exp.cast(exp.Literal.string(value), target)
     raise PolicyError(problem)
+
+
+def _partition(shape: QueryShape, table: TablePolicy) -> tuple[str, Region] | None:
+    column = table.partition_column
+    if column is None:
+        return None
+    region = partition_region(shape.where, column)
+    return None if region is None else (f"{shape.table}.{column}", region)
 
 
 def _split(epsilon: float, parts: int) -> list[float]:
@@ -223,7 +243,9 @@ def plan_query(shape: QueryShape, policy: Policy, *, epsilon: float, delta: floa
             table.max_groups_per_unit,
             table.max_rows_per_group,
             table.max_rows_per_unit,
+            table.partition_column,
         ),
+        partition=_partition(shape, table),
         epsilon=epsilon,
         delta=delta,
         confidence=policy.dataset.confidence,

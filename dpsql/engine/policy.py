@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -81,6 +81,19 @@ class DatasetPolicy(_Frozen):
     )
     default_query_delta: Delta = 0.0
     confidence: float = Field(default=0.95, gt=0, lt=1, description="level of reported intervals")
+    composition: Literal["basic", "advanced"] = Field(
+        default="basic",
+        description="'advanced' also tracks the advanced-composition bound, used when smaller",
+    )
+    advanced_delta: Delta | None = Field(
+        default=None, description="delta' of advanced composition (required with 'advanced')"
+    )
+
+    @model_validator(mode="after")
+    def _advanced_needs_delta(self) -> DatasetPolicy:
+        if self.composition == "advanced" and not self.advanced_delta:
+            raise ValueError("composition = 'advanced' needs advanced_delta > 0")
+        return self
 
 
 class ColumnPolicy(_Frozen):
@@ -116,6 +129,10 @@ class TablePolicy(_Frozen):
     max_groups_per_unit: int = Field(default=1, ge=1, le=1_000_000)
     max_rows_per_group: int = Field(default=1, ge=1, le=1_000_000)
     max_rows_per_unit: int = Field(default=1, ge=1, le=1_000_000)
+    partition_column: Name | None = Field(
+        default=None,
+        description="a fixed attribute of each unit; disjoint values compose in parallel",
+    )
     columns: dict[Name, ColumnPolicy] = Field(default_factory=dict)
 
     def column(self, name: str) -> ColumnPolicy:

@@ -56,7 +56,10 @@ class QueryResult(BaseModel):
 
 
 class BudgetStatus(BaseModel):
-    """Cap, spent and remaining of the dataset or one analyst."""
+    """Cap, spent and remaining of the dataset, one analyst, or the people of one partition value.
+
+    ``rule`` names the composition bound that gave ``spent`` ("basic" or "advanced").
+    """
 
     model_config = ConfigDict(frozen=True)
 
@@ -68,10 +71,11 @@ class BudgetStatus(BaseModel):
     delta_spent: float
     epsilon_remaining: float
     delta_remaining: float
+    rule: str = "basic"
 
 
 class BudgetReport(BaseModel):
-    """The dataset line first, then one line per analyst."""
+    """The dataset line first, then one line per analyst, then one per touched partition value."""
 
     model_config = ConfigDict(frozen=True)
 

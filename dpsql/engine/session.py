@@ -53,9 +53,11 @@ def _dataset_name(database: str | Path, policy: Policy | None) -> str:
 
 
 def _limits(policy: Policy) -> Limits:
+    advanced = policy.dataset.advanced_delta if policy.dataset.composition == "advanced" else None
     return Limits(
         Cost.cap(policy.dataset.epsilon, policy.dataset.delta),
         {name: Cost.cap(a.epsilon, a.delta) for name, a in policy.analysts.items()},
+        advanced,
     )
 
 
@@ -68,6 +70,11 @@ def _check_against_schema(policy: Policy, catalog: dict[str, dict[str, str]]) ->
         if table.privacy_unit not in columns:
             raise PolicyError(
                 f"privacy unit {table.privacy_unit!r} is not a column of table {table_name!r}"
+            )
+        if table.partition_column is not None and table.partition_column not in columns:
+            raise PolicyError(
+                f"partition column {table.partition_column!r} is not a column of "
+                f"table {table_name!r}"
             )
         for name, rules in table.columns.items():
             if name not in columns:
@@ -220,6 +227,7 @@ class Session:
             query=normalized,
             plan=plan.summary(),
             mechanism=MECHANISM,
+            partition=plan.partition,
         )
         salt = int(self.rng.integers(0, 2**62))
         generated = bounded_aggregate(
@@ -382,6 +390,7 @@ def budget_report(ledger: Ledger, analyst: str | None = None) -> BudgetReport:
                 delta_spent=line.spent.delta,
                 epsilon_remaining=line.remaining.epsilon,
                 delta_remaining=line.remaining.delta,
+                rule=line.rule,
             )
             for line in ledger.budget(analyst)
         ]

@@ -61,6 +61,9 @@ class Bounds:
     max_groups_per_unit: int
     max_rows_per_group: int
     max_rows_per_unit: int
+    partition: str | None = None
+    """A column that is a fixed attribute of each unit: rows whose value differs from the unit's
+    smallest value in the whole table are dropped, so each unit lies in one partition."""
 
 
 _EXACT = 2**53
@@ -121,7 +124,15 @@ def bounded_aggregate(
         else:
             conditions.append(f"{_identifier(column)} IS NOT NULL")
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-    ctes = [f"source AS (SELECT {', '.join(select)} FROM {_identifier(shape.table)}{where})"]
+    source = _identifier(shape.table)
+    if bounds.partition is not None:
+        unit, part = _identifier(bounds.unit), _identifier(bounds.partition)
+        source += (
+            f" JOIN (SELECT {unit} AS __partition_unit, MIN({part}) AS __partition_value "
+            f"FROM {_identifier(shape.table)} GROUP BY {unit}) AS __partitions "
+            f"ON {unit} = __partition_unit AND {part} = __partition_value"
+        )
+    ctes = [f"source AS (SELECT {', '.join(select)} FROM {source}{where})"]
 
     # One cell per (unit, group): what the unit's rows add to the group, before bounding.
     cell_measures = []

@@ -1,0 +1,78 @@
+"""Charges per second through the ledger, with 1 and 8 concurrent processes.
+
+Each process opens the ledger and records ``--charges`` charges (check-and-charge in one
+``BEGIN IMMEDIATE`` transaction with ``synchronous=FULL``). The baseline is a plain SQLite INSERT
+with the same durability settings, measured in the same run.
+
+    python benchmarks/bench_ledger.py --charges 300
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import sqlite3
+import tempfile
+import time
+from pathlib import Path
+
+from dpsql.accountant.events import MechanismEvent
+from dpsql.accountant.ledger import Ledger
+from dpsql.accountant.limits import Limits
+from dpsql.accountant.units import Cost
+
+
+def _charges(path: str, count: int) -> None:
+    ledger = Ledger(path, dataset="bench")
+    event = MechanismEvent("discrete_laplace", 0.001, label="COUNT(*)")
+    for _ in range(count):
+        ledger.charge(
+            analyst="a", event=event, query="SELECT COUNT(*) FROM t", plan={}, mechanism="m"
+        )
+    ledger.close()
+
+
+def _inserts(path: str, count: int) -> None:
+    connection = sqlite3.connect(path, timeout=60, isolation_level=None)
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute("PRAGMA synchronous=FULL")
+    for i in range(count):
+        connection.execute("BEGIN IMMEDIATE")
+        connection.execute("INSERT INTO plain VALUES (?, ?)", (i, "x"))
+        connection.execute("COMMIT")
+    connection.close()
+
+
+def run(target, path: str, processes: int, count: int) -> float:
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=target, args=(path, count)) for _ in range(processes)]
+    start = time.perf_counter()
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return processes * count / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--charges", type=int, default=300, help="charges per process")
+    args = parser.parse_args()
+    print(f"{'processes':>9} {'ledger/s':>10} {'insert/s':>10} {'ratio':>7}")
+    for processes in (1, 8):
+        with tempfile.TemporaryDirectory() as directory:
+            ledger_file = str(Path(directory) / "ledger.sqlite")
+            ledger = Ledger(ledger_file, dataset="bench")
+            ledger.set_policy({}, Limits(Cost.cap(1e6), {"a": Cost.cap(1e6)}))
+            ledger.close()
+            plain_file = str(Path(directory) / "plain.sqlite")
+            sqlite3.connect(plain_file).execute(
+                "CREATE TABLE plain (i INTEGER, s TEXT)"
+            ).connection.close()
+            charges = run(_charges, ledger_file, processes, args.charges)
+            inserts = run(_inserts, plain_file, processes, args.charges)
+            print(f"{processes:>9} {charges:>10.0f} {inserts:>10.0f} {inserts / charges:>6.2f}x")
+
+
+if __name__ == "__main__":
+    main()

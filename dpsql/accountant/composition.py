@@ -1,0 +1,117 @@
+"""Totals of many charges: sequential and parallel composition, and advanced composition.
+
+* **Basic (sequential) composition** always holds: costs add up. Charges confined to a partition
+  family (a fixed attribute of each privacy unit, see ``regions``) compose in parallel within the
+  family: each person is in one partition, so the family adds its largest single-value total.
+  Families are added to each other and to the unpartitioned charges (a person is in one partition
+  of *each* family).
+* **Advanced composition** (Dwork, Rothblum, Vadhan 2010, Thm. III.3, in the heterogeneous form its
+  proof gives through Azuma's inequality): k adaptive mechanisms that are (ε_i, δ_i)-DP are together
+  (ε', Σδ_i + δ′)-DP for every δ′ > 0, with ε' = sqrt(2 ln(1/δ′) Σ ε_i²) + Σ ε_i (e^{ε_i} − 1).
+  It ignores partitions (an over-statement, still valid). When the policy enables it, a charge fits
+  if *either* bound fits the cap; reports show the smaller ε.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dpsql.accountant.events import (
+    Event,
+    MechanismEvent,
+    ParallelEvent,
+    PostProcessingEvent,
+    SequentialEvent,
+    total,
+)
+from dpsql.accountant.regions import Region, max_cost_over_points
+from dpsql.accountant.units import Cost
+
+__all__ = ["Charge", "Spend", "advanced_total", "basic_total", "leaves", "spend"]
+
+_MARGIN = 1e-12
+
+
+@dataclass(frozen=True)
+class Charge:
+    """What totals need from one ledger entry."""
+
+    analyst: str | None
+    cost: Cost
+    leaves: tuple[tuple[float, float], ...]
+    family: str | None = None
+    region: Region | None = None
+
+
+@dataclass(frozen=True)
+class Spend:
+    """Spent budget under basic composition and, when enabled, advanced composition."""
+
+    basic: Cost
+    advanced: Cost | None
+
+    @property
+    def best(self) -> Cost:
+        if self.advanced is not None and self.advanced.epsilon_units < self.basic.epsilon_units:
+            return self.advanced
+        return self.basic
+
+    @property
+    def rule(self) -> str:
+        return "advanced" if self.best is not self.basic else "basic"
+
+    def fits_within(self, cap: Cost) -> bool:
+        return self.basic.fits_within(cap) or (
+            self.advanced is not None and self.advanced.fits_within(cap)
+        )
+
+
+def leaves(event: Event) -> tuple[tuple[float, float], ...]:
+    """The (ε, δ) steps of an event tree in sequence; a parallel node is one step (its maximum)."""
+    if isinstance(event, MechanismEvent):
+        return ((event.epsilon, event.delta),)
+    if isinstance(event, PostProcessingEvent):
+        return ()
+    if isinstance(event, SequentialEvent):
+        return tuple(step for child in event.events for step in leaves(child))
+    assert isinstance(event, ParallelEvent)
+    cost = total(event)
+    return ((cost.epsilon, cost.delta),) if cost != Cost() else ()
+
+
+def basic_total(charges: Sequence[Charge], within: tuple[str, Region] | None = None) -> Cost:
+    """Sequential composition, with parallel composition inside each partition family.
+
+    With ``within`` = (family, region), the total of the people in that region of that family.
+    """
+    result = Cost()
+    families: dict[str, list[tuple[Region, Cost]]] = {}
+    for charge in charges:
+        if charge.family is None or charge.region is None:
+            result = result + charge.cost
+        else:
+            families.setdefault(charge.family, []).append((charge.region, charge.cost))
+    for family, family_charges in families.items():
+        region = within[1] if within is not None and within[0] == family else None
+        result = result + max_cost_over_points(family_charges, region)[0]
+    return result
+
+
+def advanced_total(charges: Sequence[Charge], delta_slack: float) -> Cost:
+    """The advanced-composition bound over every step of every charge, with slack δ′."""
+    steps = [step for charge in charges for step in charge.leaves]
+    if not steps:
+        return Cost()
+    squares = math.fsum(e * e for e, _ in steps)
+    drift = math.fsum(e * math.expm1(e) for e, _ in steps)
+    epsilon = math.sqrt(2 * math.log(1 / delta_slack) * squares) + drift
+    delta = math.fsum(d for _, d in steps) + delta_slack
+    return Cost.of(epsilon * (1 + _MARGIN) + _MARGIN, min(delta * (1 + _MARGIN), 1.0))
+
+
+def spend(charges: Sequence[Charge], *, advanced_delta: float | None) -> Spend:
+    """Basic total, and the advanced total when ``advanced_delta`` (δ′) is given."""
+    advanced = None if advanced_delta is None else advanced_total(charges, advanced_delta)
+    return Spend(basic_total(charges), advanced)
