@@ -14,6 +14,7 @@ from dpsql.engine.session import (
     connect,
     database_budget,
     database_ledger,
+    database_synopses,
     set_policy,
     show_policy,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "connect",
     "database_budget",
     "database_ledger",
+    "database_synopses",
     "load_policy",
     "parse_policy",
     "set_policy",

@@ -22,6 +22,7 @@ from dpsql.engine.session import (
     connect,
     database_budget,
     database_ledger,
+    database_synopses,
     ledger_path,
     set_policy,
     show_policy,
@@ -34,6 +35,13 @@ if not _console.is_terminal or _console.width < 160:
 _db_option = click.option(
     "--db", "database", required=True, type=click.Path(dir_okay=False), help="DuckDB database file."
 )
+_mechanism = click.option(
+    "--mechanism",
+    type=click.Choice(["laplace", "threshold", "alp"]),
+    default=None,
+    help="How keys of a GROUP BY column without public keys are released (alp: threshold + "
+    "ALP synopsis); laplace forces fresh noise instead of a stored synopsis.",
+)
 _format = click.option(
     "--format",
     "output_format",
@@ -44,6 +52,8 @@ _format = click.option(
 
 
 def _number(value: Any) -> str:
+    if value is None or (isinstance(value, float) and value != value):
+        return "-"
     if isinstance(value, float):
         return f"{value:.6g}" if abs(value) < 1e6 else f"{value:.0f}"
     return str(value)
@@ -76,7 +86,9 @@ def _result_table(result: QueryResult) -> tuple[list[str], list[list[Any]]]:
     return columns, frame[columns].astype(object).values.tolist()
 
 
-def print_result(result: QueryResult, output_format: str, title: str | None = None) -> None:
+def print_result(
+    result: QueryResult, output_format: str, title: str | None = None, max_rows: int | None = None
+) -> None:
     if output_format == "json":
         click.echo(json.dumps(result.to_dict()))
         return
@@ -84,7 +96,9 @@ def print_result(result: QueryResult, output_format: str, title: str | None = No
     if output_format == "csv":
         _print_csv(columns, rows)
         return
-    _print_table(title, columns, rows)
+    _print_table(title, columns, rows[:max_rows])
+    if max_rows is not None and len(rows) > max_rows:
+        _console.print(f"... {len(rows)} rows in all (first {max_rows} shown)")
     _console.print(
         f"spent epsilon={result.epsilon:g} delta={result.delta:g} "
         f"({result.mechanism}); intervals are {result.confidence:.0%} confidence; "
@@ -152,6 +166,7 @@ def policy_show(database: str) -> None:
 @click.option("--epsilon", type=float, default=None, help="Epsilon for this query.")
 @click.option("--delta", type=float, default=None, help="Delta for this query.")
 @click.option("--dialect", default="duckdb", show_default=True, help="SQL dialect of the query.")
+@_mechanism
 @_format
 @click.argument("sql")
 def query(
@@ -160,12 +175,13 @@ def query(
     epsilon: float | None,
     delta: float | None,
     dialect: str,
+    mechanism: str | None,
     output_format: str,
     sql: str,
 ) -> None:
     """Answer SQL with differential privacy, charging the analyst's budget first."""
     with connect(database, analyst=analyst, dialect=dialect) as session:
-        result = session.execute(sql, epsilon=epsilon, delta=delta)
+        result = session.execute(sql, epsilon=epsilon, delta=delta, mechanism=mechanism)
     print_result(result, output_format)
 
 
@@ -174,13 +190,37 @@ def query(
 @click.option("--analyst", required=True)
 @click.option("--epsilon", type=float, default=None)
 @click.option("--delta", type=float, default=None)
+@_mechanism
 @click.argument("sql")
 def explain(
-    database: str, analyst: str, epsilon: float | None, delta: float | None, sql: str
+    database: str,
+    analyst: str,
+    epsilon: float | None,
+    delta: float | None,
+    mechanism: str | None,
+    sql: str,
 ) -> None:
     """Show the plan, sensitivities and cost of SQL without reading data or charging."""
     with connect(database, analyst=analyst) as session:
-        click.echo(json.dumps(session.explain(sql, epsilon=epsilon, delta=delta), indent=2))
+        report = session.explain(sql, epsilon=epsilon, delta=delta, mechanism=mechanism)
+        click.echo(json.dumps(report, indent=2))
+
+
+@cli.command()
+@_db_option
+@_format
+def synopses(database: str, output_format: str) -> None:
+    """List stored synopses (released structures that answer point queries for free)."""
+    listed = database_synopses(database)
+    if output_format == "json":
+        click.echo(json.dumps(listed))
+        return
+    columns = ["name", "table", "key_column", "filters", "epsilon", "delta", "created", "bytes"]
+    rows = [[s[c] if c != "filters" else " AND ".join(s[c]) for c in columns] for s in listed]
+    if output_format == "csv":
+        _print_csv(columns, rows)
+    else:
+        _print_table("Synopses", columns, rows)
 
 
 @cli.command()
@@ -247,9 +287,9 @@ def demo(directory: str, rows: int) -> None:
         for title, sql in demo_data.DEMO_QUERIES:
             _console.print(title, style="bold")
             _console.print(f"  {sql}")
-            print_result(session.execute(sql), "table")
+            print_result(session.execute(sql), "table", max_rows=12)
             _console.print()
-        refused = "SELECT url, COUNT(*) FROM requests GROUP BY url"
+        refused = "SELECT country, MAX(bytes) FROM requests GROUP BY country"
         _console.print("A query dpsql refuses (no charge)", style="bold")
         _console.print(f"  {refused}")
         try:

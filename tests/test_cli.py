@@ -129,8 +129,8 @@ def test_budget_ledger_policy_and_explain(db: str, capsys) -> None:
     [
         (["--epsilon", "0.1", "SELECT COUNT(* FROM requests"], "malformed SQL"),
         (
-            ["--epsilon", "0.1", "SELECT url, COUNT(*) FROM requests GROUP BY url"],
-            "needs a public key set",
+            ["--epsilon", "0.1", "SELECT url, SUM(bytes) FROM requests GROUP BY url"],
+            "single GROUP BY column with COUNT(*) only",
         ),
         (["--epsilon", "-1", "SELECT COUNT(*) FROM requests"], "epsilon must be > 0"),
         (["--epsilon", "nan", "SELECT COUNT(*) FROM requests"], "epsilon must be finite"),
@@ -162,7 +162,8 @@ def test_console_script_runs_the_demo(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "Requests per country" in done.stdout and "Privacy budget" in done.stdout
-    assert "refused: GROUP BY 'url' needs a public key set" in done.stdout
+    assert "refused: 'MAX(bytes)' is not supported" in done.stdout
+    assert "synopsis:requests_url_" in done.stdout
     missing = subprocess.run(
         [
             sys.executable,

@@ -69,6 +69,15 @@ DEMO_QUERIES: tuple[tuple[str, str], ...] = (
         "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=0.25) COUNT(*) AS home_hits "
         "FROM requests WHERE url = '/home'",
     ),
+    (
+        "URLs nobody listed in advance: threshold + ALP synopsis (keys above the noisy threshold)",
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, delta=1e-8, mechanism='alp') "
+        "url, COUNT(*) AS requests FROM requests WHERE device = 'desktop' GROUP BY url",
+    ),
+    (
+        "Any URL's count from the stored synopsis: post-processing, no budget",
+        "SELECT COUNT(*) AS page_7 FROM requests WHERE device = 'desktop' AND url = '/page/7'",
+    ),
 )
 
 _COUNTRIES = np.array(["DK", "NO", "SE", "FI"])

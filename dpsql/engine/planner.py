@@ -18,6 +18,7 @@ from dpsql.accountant.regions import Region
 from dpsql.accountant.units import Cost
 from dpsql.engine.policy import Policy, PublicKey, TablePolicy
 from dpsql.errors import ParameterError, PolicyError, SchemaError, UnsupportedQueryError
+from dpsql.mechanisms import threshold
 from dpsql.mechanisms.laplace import choose_grid, noise_scale
 from dpsql.sql.generate import Bounds, Measure, MeasureKind
 from dpsql.sql.partition import partition_region
@@ -48,6 +49,21 @@ class MeasurementPlan:
 
 
 @dataclass(frozen=True)
+class KeyRelease:
+    """GROUP BY over a column without public keys: which keys are released, and how.
+
+    ``mechanism`` is "threshold" (approximate DP, keys present in the data) or "combined"
+    (threshold + ALP synopsis; pure DP over ``domain`` when ``delta`` is 0).
+    """
+
+    column: str
+    mechanism: str
+    delta: float
+    domain: threshold.Domain | None
+    expected_keys: int
+
+
+@dataclass(frozen=True)
 class QueryPlan:
     """Everything needed to charge, run and noise one query."""
 
@@ -62,6 +78,11 @@ class QueryPlan:
     confidence: float
     partition: tuple[str, Region] | None = None
     """(family, region) when the WHERE clause confines the table's partition column."""
+    key_release: KeyRelease | None = None
+
+    @property
+    def mechanism(self) -> str:
+        return MECHANISM if self.key_release is None else self.key_release.mechanism
 
     @property
     def groups(self) -> int:
@@ -69,7 +90,19 @@ class QueryPlan:
 
     @property
     def event(self) -> SequentialEvent:
-        """The cost tree: one discrete-Laplace leaf per measurement, composed sequentially."""
+        """The cost tree: one discrete-Laplace leaf per measurement, composed sequentially (or
+        one thresholding / combined-structure leaf for a key release)."""
+        release = self.key_release
+        if release is not None:
+            (m,) = self.measurements
+            params: tuple[tuple[str, Any], ...] = (
+                ("key_column", release.column),
+                ("max_groups_per_unit", self.bounds.max_groups_per_unit),
+                ("max_rows_per_group", self.bounds.max_rows_per_group),
+                ("domain", None if release.domain is None else repr(release.domain)),
+            )
+            leaf = MechanismEvent(release.mechanism, self.epsilon, release.delta, m.label, params)
+            return SequentialEvent((leaf,))
         return SequentialEvent(
             tuple(
                 MechanismEvent(
@@ -108,7 +141,16 @@ class QueryPlan:
                     "region": self.partition[1].describe(self.table.partition_column or ""),
                 }
             ),
-            "mechanism": MECHANISM,
+            "mechanism": self.mechanism,
+            "key_release": (
+                None
+                if self.key_release is None
+                else {
+                    "column": self.key_release.column,
+                    "delta": self.key_release.delta,
+                    "domain": repr(self.key_release.domain) if self.key_release.domain else None,
+                }
+            ),
             "epsilon": self.epsilon,
             "delta": self.delta,
             "measurements": [
@@ -143,6 +185,69 @@ def key_literal(value: PublicKey, kind: ColumnKind, column: str) -> tuple[Any, e
     raise PolicyError(problem)
 
 
+_MECHANISMS = {"laplace": None, "threshold": "threshold", "alp": "combined", "combined": "combined"}
+
+
+def _mechanism_option(shape: QueryShape, given: str | None) -> str | None:
+    option = shape.options.get("mechanism")
+    if given is not None and option is not None and given != option:
+        raise ParameterError(
+            f"mechanism is given both in OPTIONS ({option!r}) and as an argument ({given!r})"
+        )
+    chosen = given if given is not None else option
+    if chosen is not None and chosen not in _MECHANISMS:
+        raise ParameterError(
+            f"unknown mechanism {chosen!r}; choose one of {', '.join(sorted(_MECHANISMS))}"
+        )
+    return chosen
+
+
+def _key_release(
+    shape: QueryShape, table: TablePolicy, delta: float, mechanism: str | None
+) -> KeyRelease | None:
+    """The key-release plan for a GROUP BY over a column without public keys, or None."""
+    private = [c for c in shape.group_by if table.column(c).public_keys is None]
+    if not private:
+        if mechanism not in (None, "laplace"):
+            raise UnsupportedQueryError(
+                f"mechanism {mechanism!r} releases keys of a GROUP BY column without public "
+                "keys; this query has none"
+            )
+        return None
+    column = private[0]
+    if len(shape.group_by) != 1 or [(a.kind, a.column) for a in shape.aggregates] != [
+        (AggregateKind.COUNT, None)
+    ]:
+        raise UnsupportedQueryError(
+            f"GROUP BY {column!r} has no public key set: dpsql can release its keys for a "
+            f"single GROUP BY column with COUNT(*) only (or declare [tables.{shape.table}."
+            f"columns.{column}] public_keys = [...] in the policy)"
+        )
+    if mechanism == "laplace":
+        raise UnsupportedQueryError(
+            f"mechanism 'laplace' needs public keys for GROUP BY {column!r}; use 'threshold' "
+            "or 'alp'"
+        )
+    rules = table.column(column)
+    kind = shape.columns[column]
+    domain: threshold.Domain | None = None
+    if rules.key_domain == "hash64":
+        domain = threshold.HashDomain()
+    elif rules.key_domain is not None:
+        if kind is not ColumnKind.INTEGER:
+            raise PolicyError(f"an integer key_domain needs an integer column; {column!r} is not")
+        domain = threshold.IntegerDomain(*rules.key_domain)
+    elif kind not in (ColumnKind.INTEGER, ColumnKind.STRING):
+        raise UnsupportedQueryError(f"keys of {column!r} must be strings or integers")
+    if delta == 0 and domain is None:
+        raise UnsupportedQueryError(
+            f"GROUP BY {column!r} without public keys needs delta > 0 (thresholding), or a "
+            f"declared key_domain in [tables.{shape.table}.columns.{column}] for pure DP"
+        )
+    chosen = _MECHANISMS.get(mechanism or "") or ("threshold" if delta > 0 else "combined")
+    return KeyRelease(column, chosen, delta, domain if delta == 0 else None, rules.expected_keys)
+
+
 def _partition(shape: QueryShape, table: TablePolicy) -> tuple[str, Region] | None:
     column = table.partition_column
     if column is None:
@@ -162,8 +267,19 @@ def _split(epsilon: float, parts: int) -> list[float]:
     return [Cost(base + (i < extra), 0).epsilon for i in range(parts)]
 
 
-def plan_query(shape: QueryShape, policy: Policy, *, epsilon: float, delta: float) -> QueryPlan:
-    """Check the shape against the policy and price it; raises before any data is read."""
+def plan_query(
+    shape: QueryShape,
+    policy: Policy,
+    *,
+    epsilon: float,
+    delta: float,
+    mechanism: str | None = None,
+) -> QueryPlan:
+    """Check the shape against the policy and price it; raises before any data is read.
+
+    ``mechanism`` (or ``OPTIONS(mechanism=...)``) chooses how keys without a public key set are
+    released: "threshold" or "alp" (the combined threshold + ALP synopsis).
+    """
     table = policy.table(shape.table)
     if table is None:
         raise PolicyError(f"table {shape.table!r} is not covered by the privacy policy")
@@ -174,14 +290,12 @@ def plan_query(shape: QueryShape, policy: Policy, *, epsilon: float, delta: floa
         )
     key_domain: dict[str, tuple[Any, ...]] = {}
     key_literals: dict[str, tuple[exp.Expression, ...]] = {}
+    mechanism = _mechanism_option(shape, mechanism)
+    release = _key_release(shape, table, delta, mechanism)
     for column in shape.group_by:
         keys = table.column(column).public_keys
         if keys is None:
-            raise UnsupportedQueryError(
-                f"GROUP BY {column!r} needs a public key set: declare "
-                f"[tables.{shape.table}.columns.{column}] public_keys = [...] in the policy "
-                "(releasing keys found in the data is not supported yet)"
-            )
+            continue
         pairs = [key_literal(k, shape.columns[column], column) for k in keys]
         key_domain[column] = tuple(p[0] for p in pairs)
         key_literals[column] = tuple(p[1] for p in pairs)
@@ -246,6 +360,7 @@ def plan_query(shape: QueryShape, policy: Policy, *, epsilon: float, delta: floa
             table.partition_column,
         ),
         partition=_partition(shape, table),
+        key_release=release,
         epsilon=epsilon,
         delta=delta,
         confidence=policy.dataset.confidence,

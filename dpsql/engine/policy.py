@@ -97,10 +97,22 @@ class DatasetPolicy(_Frozen):
 
 
 class ColumnPolicy(_Frozen):
-    """What a column may be used for: summed within bounds, grouped over public keys."""
+    """What a column may be used for: summed within bounds, grouped over public keys, or grouped
+    over keys released by thresholding (optionally within a declared public key domain)."""
 
     bounds: tuple[float, float] | None = None
     public_keys: tuple[PublicKey, ...] | None = None
+    key_domain: Literal["hash64"] | tuple[int, int] | None = Field(
+        default=None,
+        description="public key domain for pure-DP GROUP BY without public keys: 'hash64' "
+        "(64-bit key hashes) or an inclusive integer range [low, high]",
+    )
+    expected_keys: int = Field(
+        default=100_000,
+        ge=1,
+        le=10**9,
+        description="public guess of the number of distinct keys; sizes ALP sketches",
+    )
 
     @field_validator("bounds")
     @classmethod

@@ -21,7 +21,7 @@ class QueryResult(BaseModel):
 
     columns: list[str]
     rows: list[tuple[Any, ...]]
-    intervals: dict[str, list[tuple[float, float]]]
+    intervals: dict[str, list[tuple[float | None, float | None]]]
     noise_scale: dict[str, float]
     confidence: float
     epsilon: float

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dpsql.accountant.events import Event, total
+from dpsql.accountant.events import Event, PostProcessingEvent, total
 from dpsql.accountant.ledger import Ledger, LedgerEntry
 from dpsql.accountant.limits import Limits
 from dpsql.accountant.units import Cost, check_budget_value
@@ -22,23 +22,38 @@ from dpsql.engine.backends import Backend, DuckDBBackend
 from dpsql.engine.planner import MECHANISM, QueryPlan, key_literal, plan_query
 from dpsql.engine.policy import Policy, load_policy, parse_policy
 from dpsql.engine.results import BudgetReport, BudgetStatus, QueryResult
+from dpsql.engine.synopses import (
+    PointQuery,
+    Synopsis,
+    SynopsisStore,
+    conjuncts,
+    point_queries,
+)
+from dpsql.engine.synopses import now as synopsis_time
 from dpsql.errors import ParameterError, PolicyError
+from dpsql.mechanisms import combined, threshold
+from dpsql.mechanisms.combined import CombinedRelease
 from dpsql.mechanisms.laplace import interval_half_width, release_counts, release_grid_sums
 from dpsql.mechanisms.random import resolve_rng
 from dpsql.sql.analyze import analyze
 from dpsql.sql.generate import MeasureKind, bounded_aggregate
 from dpsql.sql.parse import parse
-from dpsql.sql.shape import AggregateKind, ColumnKind, GroupKey
+from dpsql.sql.shape import AggregateKind, ColumnKind, GroupKey, QueryShape
 
 __all__ = [
     "Session",
     "connect",
     "database_budget",
     "database_ledger",
+    "database_synopses",
     "ledger_path",
     "set_policy",
     "show_policy",
 ]
+
+
+ALP_ROWS_PER_KEY = 10
+"""Sketch rows per expected key: collision probability about 0.1 (the paper's Fig. 3 setting)."""
 
 
 def ledger_path(database: str | Path) -> Path:
@@ -166,10 +181,21 @@ class Session:
         self._ledger.close()
 
     # planning -----------------------------------------------------------------------------------
-    def _plan(self, sql: str, epsilon: float | None, delta: float | None) -> tuple[QueryPlan, str]:
+    def _shape(self, sql: str) -> tuple[QueryShape, str]:
         parsed = parse(sql, self.dialect)
         shape = analyze(parsed, self.backend.catalog())
         self.policy = self._load_policy()
+        return shape, parsed.expression.sql(dialect=self.backend.dialect)
+
+    def _plan(
+        self,
+        sql: str,
+        epsilon: float | None,
+        delta: float | None,
+        mechanism: str | None = None,
+        shaped: tuple[QueryShape, str] | None = None,
+    ) -> tuple[QueryPlan, str]:
+        shape, normalized = shaped if shaped is not None else self._shape(sql)
         options = shape.options
         for name, given in (("epsilon", epsilon), ("delta", delta)):
             if given is not None and name in options and options[name] != given:
@@ -195,14 +221,28 @@ class Session:
         )
         epsilon = check_budget_value("epsilon", epsilon, allow_zero=False)
         delta = check_budget_value("delta", delta, allow_zero=True)
-        plan = plan_query(shape, self.policy, epsilon=epsilon, delta=delta)
-        return plan, parsed.expression.sql(dialect=self.backend.dialect)
+        plan = plan_query(shape, self.policy, epsilon=epsilon, delta=delta, mechanism=mechanism)
+        return plan, normalized
 
     def explain(
-        self, sql: str, *, epsilon: float | None = None, delta: float | None = None
+        self,
+        sql: str,
+        *,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        mechanism: str | None = None,
     ) -> dict[str, Any]:
         """Plan, mechanism, sensitivities and cost of ``sql``, without reading data or charging."""
-        plan, normalized = self._plan(sql, epsilon, delta)
+        shaped = self._shape(sql)
+        synopsis = self._synopsis_for(shaped[0], mechanism)
+        if synopsis is not None:
+            return {
+                "query": shaped[1],
+                "plan": {"mechanism": "synopsis", "synopsis": synopsis[0].describe()},
+                "cost": {"epsilon": 0.0, "delta": 0.0},
+                "draws_on": [],
+            }
+        plan, normalized = self._plan(sql, epsilon, delta, mechanism, shaped)
         cost = total(plan.event)
         status = self.budget()
         return {
@@ -217,16 +257,30 @@ class Session:
 
     # execution ----------------------------------------------------------------------------------
     def execute(
-        self, sql: str, *, epsilon: float | None = None, delta: float | None = None
+        self,
+        sql: str,
+        *,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        mechanism: str | None = None,
     ) -> QueryResult:
-        """Answer ``sql`` with differential privacy, charging the analyst's budget first."""
-        plan, normalized = self._plan(sql, epsilon, delta)
+        """Answer ``sql`` with differential privacy, charging the analyst's budget first.
+
+        ``mechanism`` ("laplace", "threshold", "alp") chooses how keys of a GROUP BY column without
+        public keys are released. A point count that a stored synopsis covers is answered from it,
+        for free, unless ``mechanism="laplace"`` asks for fresh noise.
+        """
+        shaped = self._shape(sql)
+        synopsis = self._synopsis_for(shaped[0], mechanism)
+        if synopsis is not None:
+            return self._from_synopsis(synopsis, shaped)
+        plan, normalized = self._plan(sql, epsilon, delta, mechanism, shaped)
         entry = self._ledger.charge(
             analyst=self.analyst,
             event=plan.event,
             query=normalized,
             plan=plan.summary(),
-            mechanism=MECHANISM,
+            mechanism=plan.mechanism,
             partition=plan.partition,
         )
         salt = int(self.rng.integers(0, 2**62))
@@ -239,7 +293,149 @@ class Session:
             dialect=self.backend.dialect,
         )
         frame = self.backend.run(generated)
+        if plan.key_release is not None:
+            return self._release_keys(plan, frame, entry)
         return self._release(plan, frame, entry)
+
+    # sparse histograms and synopses -------------------------------------------------------------
+    def _synopses(self) -> SynopsisStore:
+        return SynopsisStore(ledger_path(self.database))
+
+    def synopses(self) -> list[dict[str, Any]]:
+        """Every stored synopsis of this database (parameters only, never the bytes)."""
+        store = self._synopses()
+        try:
+            return [s.describe() for s in store.all()]
+        finally:
+            store.close()
+
+    def _synopsis_for(
+        self, shape: QueryShape, mechanism: str | None
+    ) -> tuple[Synopsis, PointQuery] | None:
+        if (mechanism or shape.options.get("mechanism")) == "laplace":
+            return None
+        readings = point_queries(shape)
+        if not readings:
+            return None
+        store = self._synopses()
+        try:
+            for query in readings:
+                found = store.find(shape.table, query.column, query.filters)
+                if found is not None:
+                    return found, query
+        finally:
+            store.close()
+        return None
+
+    def _from_synopsis(
+        self, found: tuple[Synopsis, PointQuery], shaped: tuple[QueryShape, str]
+    ) -> QueryResult:
+        synopsis, query = found
+        shape, normalized = shaped
+        release = CombinedRelease.from_bytes(synopsis.data)
+        keys = np.array(query.keys, dtype=object if isinstance(query.keys[0], str) else None)
+        values = release.lookup(keys)
+        released = release.released(keys)
+        event = PostProcessingEvent(f"synopsis:{synopsis.name}", "COUNT(*)")
+        entry = self._ledger.charge(
+            analyst=self.analyst,
+            event=event,
+            query=normalized,
+            plan={"synopsis": synopsis.name, "keys": list(query.keys)},
+            mechanism="synopsis",
+        )
+        value = float(values.sum())
+        interval: tuple[float | None, float | None] = (None, None)
+        if len(keys) == 1 and bool(released[0]):
+            half = float(release.threshold.half_width)
+            interval = (value - half, value + half)
+        (name,) = shape.column_names
+        return QueryResult(
+            columns=[name],
+            rows=[(int(value) if value.is_integer() else value,)],
+            intervals={name: [interval]},
+            noise_scale={name: float(release.threshold.scale)},
+            confidence=release.threshold.confidence,
+            epsilon=0.0,
+            delta=0.0,
+            mechanism=f"synopsis:{synopsis.name}",
+            analyst=self.analyst,
+            ledger_entry=entry.seq,
+        )
+
+    def _release_keys(
+        self, plan: QueryPlan, frame: pd.DataFrame, entry: LedgerEntry
+    ) -> QueryResult:
+        """Release the heavy keys of a GROUP BY without public keys (and store a synopsis)."""
+        spec = plan.key_release
+        assert spec is not None
+        column = spec.column
+        kind = plan.shape.columns[column]
+        keys = frame[column].to_numpy(dtype=object if kind is ColumnKind.STRING else np.int64)
+        counts = frame[plan.measurements[0].measure.name].to_numpy(dtype=np.int64)
+        common: dict[str, Any] = {
+            "epsilon": plan.epsilon,
+            "delta": spec.delta,
+            "domain": spec.domain,
+            "max_groups_per_unit": plan.bounds.max_groups_per_unit,
+            "max_rows_per_group": plan.bounds.max_rows_per_group,
+            "confidence": plan.confidence,
+            "rng": self.rng,
+        }
+        if spec.mechanism == "threshold":
+            released = threshold.release(keys, counts, **common)
+        else:
+            seed = int(self.rng.integers(0, 2**63))
+            structure = combined.release(
+                keys, counts, s=ALP_ROWS_PER_KEY * spec.expected_keys, seed=seed, **common
+            )
+            released = structure.threshold
+            filters = conjuncts(plan.shape.where)
+            name = f"{plan.shape.table}_{column}_{entry.seq}"
+            store = self._synopses()
+            try:
+                store.save(
+                    Synopsis(
+                        name=name,
+                        created=synopsis_time(),
+                        table=plan.shape.table,
+                        column=column,
+                        filters=filters,
+                        epsilon=plan.epsilon,
+                        delta=spec.delta,
+                        mechanism="combined",
+                        ledger_entry=entry.seq,
+                        params={"tau": int(released.tau), "seed": seed, "split": structure.split},
+                        data=structure.to_bytes(),
+                    )
+                )
+            finally:
+                store.close()
+        shown = [
+            f"0x{int(k):016x}" if released.key_kind == "hash" else _plain(k) for k in released.keys
+        ]
+        lower, upper = released.lower, released.upper
+        names = list(plan.shape.column_names)
+        by_output = {plan.shape.outputs[0].name: shown, plan.shape.outputs[1].name: released.values}
+        rows = [
+            tuple(_plain(v) for v in row)
+            for row in zip(*(by_output[n] for n in names), strict=True)
+        ]
+        count_name = next(o.name for o in plan.shape.outputs if not isinstance(o, GroupKey))
+        return QueryResult(
+            columns=names,
+            rows=rows,
+            intervals={
+                count_name: [(_plain(a), _plain(b)) for a, b in zip(lower, upper, strict=True)]
+            },
+            noise_scale={count_name: float(released.scale)},
+            confidence=plan.confidence,
+            epsilon=entry.cost.epsilon,
+            delta=entry.cost.delta,
+            mechanism=spec.mechanism,
+            analyst=self.analyst,
+            ledger_entry=entry.seq,
+        )
 
     def _aligned(self, plan: QueryPlan, frame: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple]]:
         """True aggregates for every public key combination (absent keys count zero)."""
@@ -424,6 +620,16 @@ def database_ledger(database: str | Path) -> list[dict[str, Any]]:
         return [entry.to_dict() for entry in ledger.entries()]
     finally:
         ledger.close()
+
+
+def database_synopses(database: str | Path) -> list[dict[str, Any]]:
+    """Every stored synopsis of a database (parameters only), without a session."""
+    _open_ledger(database).close()
+    store = SynopsisStore(ledger_path(database))
+    try:
+        return [s.describe() for s in store.all()]
+    finally:
+        store.close()
 
 
 def _ratio(

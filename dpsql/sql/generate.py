@@ -24,6 +24,7 @@ the output is ``min(max_groups_per_unit * max_rows_per_group, max_rows_per_unit)
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -32,7 +33,7 @@ from enum import Enum
 import sqlglot
 from sqlglot import exp
 
-from dpsql.sql.shape import QueryShape
+from dpsql.sql.shape import ColumnKind, QueryShape
 
 __all__ = ["Bounds", "Measure", "MeasureKind", "bounded_aggregate"]
 
@@ -92,7 +93,44 @@ def _value(measure: Measure) -> str:
     )
 
 
-def bounded_aggregate(
+_PRIME = 2_147_483_647
+"""2**31 - 1: every intermediate of the integer order stays below 2**62, so no backend overflows."""
+
+
+def _salted_order(keys: Sequence[str], kinds: Sequence[ColumnKind], salt: int) -> str:
+    """A salted pseudo-random order of a unit's groups that every backend computes identically.
+
+    It is a function of the group key and the salt alone (never of the data), so which groups a
+    unit keeps depends on its own rows only. Engines' own hash functions differ (DuckDB's ``HASH``
+    is not Spark's murmur3 ``HASH``), so the order uses portable arithmetic: integer and boolean
+    keys are mixed modulo ``2**31 - 1`` with multipliers derived from the salt (a few integer
+    operations per cell); other keys (strings, dates, decimals, ...) by the MD5 of their text,
+    which costs more. Ties are broken by the keys themselves. Float keys print differently on
+    some engines (DuckDB ``1e+20``, Spark ``1.0E20``), so their order may differ between engines.
+
+    >>> _salted_order(["__key0"], [ColumnKind.STRING], 7)
+    "MD5('7' || '|' || CAST(__key0 AS VARCHAR))"
+    """
+    if not all(k in (ColumnKind.INTEGER, ColumnKind.BOOLEAN) for k in kinds):
+        text = " || '|' || ".join(f"CAST({key} AS VARCHAR)" for key in keys)
+        return f"MD5('{int(salt)}' || '|' || {text})"
+    digest = hashlib.sha256(str(int(salt)).encode()).digest()
+    multiplier, offset, square, final = (
+        1 + int.from_bytes(digest[8 * i : 8 * i + 8], "big") % (_PRIME - 1) for i in range(4)
+    )
+    mixed = str(offset)
+    for key, kind in zip(keys, kinds, strict=True):
+        code = (
+            f"CAST({key} AS BIGINT)"
+            if kind is ColumnKind.BOOLEAN
+            else f"(CAST({key} % {_PRIME} AS BIGINT) + {_PRIME}) % {_PRIME}"
+        )
+        mixed = f"(({mixed}) * {multiplier} + {code}) % {_PRIME}"
+    mixed = f"((({mixed}) * ({mixed}) + {square}) % {_PRIME})"
+    return f"(({mixed}) * {final} + {offset}) % {_PRIME}"
+
+
+def bounded_aggregate(def bounded_aggregate(
     shape: QueryShape,
     *,
     measures: Sequence[Measure],
@@ -162,8 +200,9 @@ def bounded_aggregate(
         # A unit's cells in salted-hash order: the first max_groups_per_unit are kept, and rows'
         # worth is handed out in that order until max_rows_per_unit is used up.
         key_list = ", ".join(keys)
+        order = _salted_order(keys, [shape.columns[c] for c in shape.group_by], salt)
         window = (
-            f"OVER (PARTITION BY __unit ORDER BY HASH({key_list}, {int(salt)}), {key_list} "
+            f"OVER (PARTITION BY __unit ORDER BY {order}, {key_list} "
             "ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
         )
         ctes.append(

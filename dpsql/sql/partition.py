@@ -16,11 +16,19 @@ from sqlglot import exp
 
 from dpsql.accountant.regions import Interval, Region, Value
 
-__all__ = ["partition_region"]
+__all__ = ["literal_value", "partition_region"]
 
 
 class _Unknown(Exception):
     pass
+
+
+def literal_value(node: exp.Expression) -> Value:
+    """The Python value of a typed literal produced by ``analyze`` (ValueError if not one)."""
+    try:
+        return _value(node)
+    except _Unknown:
+        raise ValueError(f"not a literal: {node.sql()}") from None
 
 
 def _value(node: exp.Expression) -> Value:

@@ -29,7 +29,16 @@ public_keys = ["a", "b"]
 [tables.t.columns.h]
 public_keys = [1, 2, 3]
 """)
-CATALOG = {"t": {"u": "BIGINT", "g": "VARCHAR", "h": "INTEGER", "x": "DOUBLE", "y": "DOUBLE"}}
+CATALOG = {
+    "t": {
+        "u": "BIGINT",
+        "g": "VARCHAR",
+        "h": "INTEGER",
+        "x": "DOUBLE",
+        "y": "DOUBLE",
+        "k": "VARCHAR",
+    }
+}
 
 
 def plan(sql: str, epsilon: float = 1.0):
@@ -67,10 +76,33 @@ def test_avg_is_a_sum_and_a_count_and_epsilon_splits_exactly() -> None:
 def test_refusals_name_what_the_policy_lacks() -> None:
     with pytest.raises(PolicyError, match=r"SUM\(y\) needs declared bounds"):
         plan("SELECT SUM(y) FROM t")
-    with pytest.raises(UnsupportedQueryError, match="GROUP BY 'x' needs a public key set"):
+    with pytest.raises(UnsupportedQueryError, match="without public keys needs delta > 0"):
+        plan("SELECT k, COUNT(*) FROM t GROUP BY k")
+    with pytest.raises(UnsupportedQueryError, match="single GROUP BY column with COUNT"):
+        plan("SELECT k, SUM(x) FROM t GROUP BY k")
+    with pytest.raises(UnsupportedQueryError, match="must be strings or integers"):
         plan("SELECT x, COUNT(*) FROM t GROUP BY x")
     with pytest.raises(ParameterError, match="too small to split"):
         plan("SELECT COUNT(*), COUNT(x), SUM(x) FROM t", epsilon=2e-9)
     other = {"s": {"u": "BIGINT"}}
     with pytest.raises(PolicyError, match="not covered by the privacy policy"):
         plan_query(analyze(parse("SELECT COUNT(*) FROM s"), other), POLICY, epsilon=1, delta=0)
+
+
+def test_keys_without_a_public_set_are_released_by_threshold_or_combined() -> None:
+    def release(sql: str, delta: float, mechanism: str | None = None):
+        shape = analyze(parse(sql), CATALOG)
+        return plan_query(shape, POLICY, epsilon=1.0, delta=delta, mechanism=mechanism)
+
+    approximate = release("SELECT k, COUNT(*) FROM t GROUP BY k", 1e-6)
+    assert approximate.mechanism == "threshold" and approximate.key_release is not None
+    assert total(approximate.event).delta == pytest.approx(1e-6)
+    assert release("SELECT k, COUNT(*) FROM t GROUP BY k", 1e-6, "alp").mechanism == "combined"
+    options = (
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(mechanism='alp') k, COUNT(*) FROM t GROUP BY k"
+    )
+    assert release(options, 1e-6).mechanism == "combined"
+    with pytest.raises(ParameterError, match="unknown mechanism 'magic'"):
+        release("SELECT k, COUNT(*) FROM t GROUP BY k", 1e-6, "magic")
+    with pytest.raises(UnsupportedQueryError, match="this query has none"):
+        release("SELECT g, COUNT(*) FROM t GROUP BY g", 1e-6, "alp")

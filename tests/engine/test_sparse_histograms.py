@@ -1,0 +1,135 @@
+"""GROUP BY over keys without a public key set: thresholding, the combined synopsis, lookups."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import dpsql
+from dpsql.engine.session import database_ledger, database_synopses
+from dpsql.errors import UnsupportedQueryError
+from tests.conftest import make_database
+
+POLICY = """
+[dataset]
+epsilon = 50.0
+delta = 1e-5
+[analysts.a]
+epsilon = 50.0
+delta = 1e-5
+[tables.hits]
+privacy_unit = "user_id"
+max_groups_per_unit = 2
+max_rows_per_group = 1
+max_rows_per_unit = 5
+[tables.hits.columns.url]
+key_domain = "hash64"
+expected_keys = 2000
+[tables.hits.columns.item]
+key_domain = [0, 999]
+expected_keys = 1000
+"""
+
+
+def hits() -> pd.DataFrame:
+    """Heavy URLs h0..h9 with 300 + 50*i users each; 1500 light URLs with one user each."""
+    rows = []
+    user = 0
+    for i in range(10):
+        for _ in range(300 + 50 * i):
+            rows.append((user, f"/heavy/{i}", i, "web"))
+            user += 1
+    for j in range(1500):
+        rows.append((user, f"/light/{j}", 100 + j % 800, "app"))
+        user += 1
+    return pd.DataFrame(rows, columns=["user_id", "url", "item", "channel"])
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Path:
+    return make_database(tmp_path / "h.duckdb", {"hits": hits()}, POLICY)
+
+
+def test_threshold_releases_heavy_keys_only(database: Path, rng) -> None:
+    with dpsql.connect(database, analyst="a", rng=rng) as db:
+        result = db.execute(
+            "SELECT url, COUNT(*) AS n FROM hits GROUP BY url", epsilon=1.0, delta=1e-6
+        )
+    assert result.mechanism == "threshold" and (result.epsilon, result.delta) == (1.0, 1e-6)
+    released = dict(result.rows)
+    assert set(released) == {f"/heavy/{i}" for i in range(10)}
+    for (key, value), (low, high) in zip(result.rows, result.intervals["n"], strict=True):
+        truth = 300 + 50 * int(key.rsplit("/", 1)[1])
+        assert low <= value <= high and abs(value - truth) <= 20
+    assert database_synopses(database) == []  # thresholding alone stores nothing
+
+
+def test_combined_structure_is_stored_and_answers_point_queries_for_free(
+    database: Path, rng
+) -> None:
+    with dpsql.connect(database, analyst="a", rng=rng) as db:
+        result = db.execute(
+            "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=2, delta=1e-6, mechanism='alp') "
+            "url, COUNT(*) AS n FROM hits WHERE channel = 'web' GROUP BY url"
+        )
+        assert result.mechanism == "combined"
+        assert {k for k, _ in result.rows} <= {f"/heavy/{i}" for i in range(10)}
+        (synopsis,) = database_synopses(database)
+        assert synopsis["filters"] == ["\"channel\" = 'web'"] and synopsis["key_column"] == "url"
+        spent = db.budget().dataset.epsilon_spent
+        heavy = db.execute("SELECT COUNT(*) FROM hits WHERE channel = 'web' AND url = '/heavy/3'")
+        light = db.execute("SELECT COUNT(*) FROM hits WHERE url = '/heavy/9' AND channel = 'web'")
+        assert heavy.mechanism == f"synopsis:{synopsis['name']}" and heavy.epsilon == 0.0
+        assert abs(heavy.rows[0][0] - 450) <= 20 and abs(light.rows[0][0] - 750) <= 20
+        assert db.budget().dataset.epsilon_spent == spent
+        # Different filters, or an explicit request for fresh noise, are charged as usual.
+        other = db.execute("SELECT COUNT(*) FROM hits WHERE url = '/heavy/3'", epsilon=0.5)
+        fresh = db.execute(
+            "SELECT COUNT(*) FROM hits WHERE channel = 'web' AND url = '/heavy/3'",
+            epsilon=0.5,
+            mechanism="laplace",
+        )
+        assert other.mechanism == fresh.mechanism == "discrete_laplace"
+    entries = database_ledger(database)
+    free = [e for e in entries if e["mechanism"] == "synopsis"]
+    assert len(free) == 2 and all(e["epsilon"] == 0 for e in free)
+    assert free[0]["payload"] == {
+        "type": "post_processing",
+        "source": f"synopsis:{synopsis['name']}",
+        "label": "COUNT(*)",
+    }
+
+
+def test_absent_keys_get_small_alp_estimates(database: Path, rng) -> None:
+    with dpsql.connect(database, analyst="a", rng=rng) as db:
+        db.execute(
+            "SELECT url, COUNT(*) FROM hits GROUP BY url", epsilon=2.0, delta=1e-6, mechanism="alp"
+        )
+        values = [
+            db.execute(f"SELECT COUNT(*) FROM hits WHERE url = '/light/{j}'").rows[0][0]
+            for j in range(40)
+        ]
+        missing = db.execute("SELECT COUNT(*) FROM hits WHERE url = '/never-seen'").rows[0][0]
+    assert np.mean(np.abs(np.array(values) - 1)) < 15 and abs(missing) < 40
+
+
+def test_pure_dp_needs_a_declared_domain(database: Path, rng) -> None:
+    with dpsql.connect(database, analyst="a", rng=rng) as db:
+        pure = db.execute("SELECT item, COUNT(*) AS n FROM hits GROUP BY item", epsilon=1.0)
+        assert pure.mechanism == "combined" and pure.delta == 0.0
+        assert {k for k, _ in pure.rows} <= set(range(10)) | set(range(100, 900))
+        hashed = db.execute("SELECT url, COUNT(*) FROM hits GROUP BY url", epsilon=1.0)
+        assert all(k.startswith("0x") and len(k) == 18 for k, _ in hashed.rows)  # hashes only
+        with pytest.raises(UnsupportedQueryError, match="needs delta > 0"):
+            db.execute("SELECT channel, COUNT(*) FROM hits GROUP BY channel", epsilon=1.0)
+
+
+def test_explain_names_the_mechanism_without_charging(database: Path) -> None:
+    with dpsql.connect(database, analyst="a") as db:
+        report = db.explain("SELECT url, COUNT(*) FROM hits GROUP BY url", epsilon=1, delta=1e-6)
+        assert report["plan"]["mechanism"] == "threshold"
+        assert report["cost"] == {"epsilon": 1.0, "delta": 1e-6}
+    assert len(database_ledger(database)) == 1
