@@ -18,7 +18,7 @@ from dpsql.accountant.regions import Region
 from dpsql.accountant.units import Cost
 from dpsql.engine.policy import Policy, PublicKey, TablePolicy
 from dpsql.errors import ParameterError, PolicyError, SchemaError, UnsupportedQueryError
-from dpsql.mechanisms import threshold
+from dpsql.mechanisms import svt, threshold
 from dpsql.mechanisms.laplace import choose_grid, noise_scale
 from dpsql.sql.generate import Bounds, Measure, MeasureKind
 from dpsql.sql.partition import partition_region
@@ -64,6 +64,21 @@ class KeyRelease:
 
 
 @dataclass(frozen=True)
+class RangeQueries:
+    """A range JOIN with HAVING, answered by NumericSparse over the public table's ranges."""
+
+    table: str
+    threshold: int
+    max_answers: int
+    sensitivity: int
+    svt: svt.SparseVectorPlan
+
+
+DEFAULT_MAX_ANSWERS = 5
+"""Cut-off c of the sparse vector technique when the query states none."""
+
+
+@dataclass(frozen=True)
 class QueryPlan:
     """Everything needed to charge, run and noise one query."""
 
@@ -79,10 +94,42 @@ class QueryPlan:
     partition: tuple[str, Region] | None = None
     """(family, region) when the WHERE clause confines the table's partition column."""
     key_release: KeyRelease | None = None
+    range_queries: RangeQueries | None = None
 
     @property
     def mechanism(self) -> str:
+        if self.range_queries is not None:
+            return "numeric_sparse"
         return MECHANISM if self.key_release is None else self.key_release.mechanism
+
+    @property
+    def reason(self) -> str:
+        """Why this mechanism: what EXPLAIN shows."""
+        if self.range_queries is not None:
+            return (
+                "range JOIN with HAVING: the sparse vector technique (NumericSparse, monotone "
+                "counts) pays epsilon for at most max_answers ranges at or above the threshold, "
+                "however many ranges it scans; noising every range instead would need L1 "
+                "sensitivity max_rows_per_unit x the largest number of overlapping ranges"
+            )
+        if self.key_release is not None:
+            if self.key_release.mechanism == "threshold":
+                return (
+                    "GROUP BY over a column without public keys and delta > 0: thresholding "
+                    "releases only keys whose noisy count reaches tau; nothing about the others"
+                )
+            return (
+                "GROUP BY over a column without public keys: threshold + ALP sketch (combined "
+                "structure); stored as a synopsis that answers later point queries for free"
+            )
+        if self.shape.having is not None:
+            return (
+                "HAVING over public keys: every group is noised once under parallel composition "
+                "(cost epsilon whatever the number of groups) and the noisy counts are filtered "
+                "(post-processing); cheaper than the sparse vector technique, whose noise grows "
+                "with the number of answers"
+            )
+        return "discrete Laplace on each aggregate; parallel composition across disjoint groups"
 
     @property
     def groups(self) -> int:
@@ -92,6 +139,21 @@ class QueryPlan:
     def event(self) -> SequentialEvent:
         """The cost tree: one discrete-Laplace leaf per measurement, composed sequentially (or
         one thresholding / combined-structure leaf for a key release)."""
+        if self.range_queries is not None:
+            ranges = self.range_queries
+            leaf = MechanismEvent(
+                "numeric_sparse",
+                ranges.svt.epsilon,
+                ranges.svt.delta,
+                "COUNT(*) per range",
+                (
+                    ("max_answers", ranges.max_answers),
+                    ("threshold", ranges.threshold),
+                    ("sensitivity", ranges.sensitivity),
+                    ("ranges_table", ranges.table),
+                ),
+            )
+            return SequentialEvent((leaf,))
         release = self.key_release
         if release is not None:
             (m,) = self.measurements
@@ -142,6 +204,18 @@ class QueryPlan:
                 }
             ),
             "mechanism": self.mechanism,
+            "reason": self.reason,
+            "having": (
+                None
+                if self.shape.having is None
+                else {
+                    "count_at_least": self.shape.having.integer_threshold,
+                    "applied": "by the sparse vector technique"
+                    if self.range_queries is not None
+                    else "to the noisy counts (post-processing)",
+                }
+            ),
+            "max_answers": None if self.range_queries is None else self.range_queries.max_answers,
             "key_release": (
                 None
                 if self.key_release is None
@@ -248,6 +322,73 @@ def _key_release(
     return KeyRelease(column, chosen, delta, domain if delta == 0 else None, rules.expected_keys)
 
 
+def _plan_ranges(
+    shape: QueryShape,
+    policy: Policy,
+    table: TablePolicy,
+    epsilon: float,
+    delta: float,
+    max_answers: int | None,
+) -> QueryPlan:
+    join = shape.range_join
+    assert join is not None
+    if join.table.lower() not in {name.lower() for name in policy.public_tables}:
+        raise PolicyError(
+            f"table {join.table!r} is not declared public: add [public_tables.{join.table}] to "
+            "the policy to use it as a list of ranges"
+        )
+    if shape.having is None:
+        raise UnsupportedQueryError(
+            "a range JOIN needs HAVING COUNT(*) > <threshold>: dpsql answers it with the sparse "
+            "vector technique"
+        )
+    if [(a.kind, a.column) for a in shape.aggregates] != [(AggregateKind.COUNT, None)]:
+        raise UnsupportedQueryError("a range JOIN supports COUNT(*) only")
+    option = shape.options.get("max_answers")
+    if max_answers is not None and option is not None and float(max_answers) != option:
+        raise ParameterError(
+            f"max_answers is given both in OPTIONS ({option:g}) and as an argument ({max_answers})"
+        )
+    chosen = max_answers if max_answers is not None else option
+    if chosen is None:
+        chosen = DEFAULT_MAX_ANSWERS
+    if float(chosen) != int(chosen) or int(chosen) < 1:
+        raise ParameterError(f"max_answers must be a positive integer, got {chosen}")
+    sensitivity = table.max_rows_per_unit
+    svt_plan = svt.plan(
+        epsilon=epsilon,
+        c=int(chosen),
+        delta=delta,
+        sensitivity=sensitivity,
+        numeric=True,
+        monotone=True,
+    )
+    ranges = RangeQueries(
+        join.table, shape.having.integer_threshold, int(chosen), sensitivity, svt_plan
+    )
+    measure = MeasurementPlan(
+        Measure("m0", MeasureKind.ROWS), "COUNT(*)", epsilon, sensitivity, 1.0
+    )
+    return QueryPlan(
+        shape=shape,
+        table=table,
+        measurements=(measure,),
+        key_domain={},
+        key_literals={},
+        bounds=Bounds(
+            table.privacy_unit,
+            table.max_groups_per_unit,
+            table.max_rows_per_group,
+            table.max_rows_per_unit,
+            table.partition_column,
+        ),
+        epsilon=epsilon,
+        delta=delta,
+        confidence=policy.dataset.confidence,
+        range_queries=ranges,
+    )
+
+
 def _partition(shape: QueryShape, table: TablePolicy) -> tuple[str, Region] | None:
     column = table.partition_column
     if column is None:
@@ -274,6 +415,7 @@ def plan_query(
     epsilon: float,
     delta: float,
     mechanism: str | None = None,
+    max_answers: int | None = None,
 ) -> QueryPlan:
     """Check the shape against the policy and price it; raises before any data is read.
 
@@ -291,6 +433,12 @@ def plan_query(
     key_domain: dict[str, tuple[Any, ...]] = {}
     key_literals: dict[str, tuple[exp.Expression, ...]] = {}
     mechanism = _mechanism_option(shape, mechanism)
+    if shape.range_join is not None:
+        return _plan_ranges(shape, policy, table, epsilon, delta, max_answers)
+    if max_answers is not None or "max_answers" in shape.options:
+        raise UnsupportedQueryError(
+            "max_answers applies to a range JOIN with HAVING (the sparse vector technique)"
+        )
     release = _key_release(shape, table, delta, mechanism)
     for column in shape.group_by:
         keys = table.column(column).public_keys

@@ -48,6 +48,7 @@ __all__ = [
     "ColumnPolicy",
     "DatasetPolicy",
     "Policy",
+    "PublicTablePolicy",
     "TablePolicy",
     "load_policy",
     "parse_policy",
@@ -152,12 +153,19 @@ class TablePolicy(_Frozen):
         return self.columns.get(name, ColumnPolicy())
 
 
+class PublicTablePolicy(_Frozen):
+    """A table whose contents are public (e.g. a list of ranges); it may be joined and read."""
+
+    description: str = ""
+
+
 class Policy(_Frozen):
     """A dataset's whole privacy policy."""
 
     dataset: DatasetPolicy
     analysts: dict[Name, AnalystPolicy] = Field(default_factory=dict)
     tables: dict[Name, TablePolicy] = Field(default_factory=dict)
+    public_tables: dict[Name, PublicTablePolicy] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _allocations_within_cap(self) -> Policy:

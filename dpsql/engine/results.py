@@ -29,6 +29,8 @@ class QueryResult(BaseModel):
     mechanism: str
     analyst: str
     ledger_entry: int
+    details: dict[str, Any] = {}
+    """Mechanism-specific facts, e.g. the sparse vector technique's accuracy bound."""
 
     def to_pandas(self, *, intervals: bool = False) -> pd.DataFrame:
         """The rows as a DataFrame; with ``intervals=True`` also ``<col>_low``/``<col>_high``."""
@@ -52,6 +54,7 @@ class QueryResult(BaseModel):
             "mechanism": self.mechanism,
             "analyst": self.analyst,
             "ledger_entry": self.ledger_entry,
+            "details": self.details,
         }
 
 

@@ -31,12 +31,12 @@ from dpsql.engine.synopses import (
 )
 from dpsql.engine.synopses import now as synopsis_time
 from dpsql.errors import ParameterError, PolicyError
-from dpsql.mechanisms import combined, threshold
+from dpsql.mechanisms import combined, svt, threshold
 from dpsql.mechanisms.combined import CombinedRelease
 from dpsql.mechanisms.laplace import interval_half_width, release_counts, release_grid_sums
 from dpsql.mechanisms.random import resolve_rng
 from dpsql.sql.analyze import analyze
-from dpsql.sql.generate import MeasureKind, bounded_aggregate
+from dpsql.sql.generate import MeasureKind, bounded_aggregate, public_groups, range_counts
 from dpsql.sql.parse import parse
 from dpsql.sql.shape import AggregateKind, ColumnKind, GroupKey, QueryShape
 
@@ -194,6 +194,7 @@ class Session:
         delta: float | None,
         mechanism: str | None = None,
         shaped: tuple[QueryShape, str] | None = None,
+        max_answers: int | None = None,
     ) -> tuple[QueryPlan, str]:
         shape, normalized = shaped if shaped is not None else self._shape(sql)
         options = shape.options
@@ -221,7 +222,14 @@ class Session:
         )
         epsilon = check_budget_value("epsilon", epsilon, allow_zero=False)
         delta = check_budget_value("delta", delta, allow_zero=True)
-        plan = plan_query(shape, self.policy, epsilon=epsilon, delta=delta, mechanism=mechanism)
+        plan = plan_query(
+            shape,
+            self.policy,
+            epsilon=epsilon,
+            delta=delta,
+            mechanism=mechanism,
+            max_answers=max_answers,
+        )
         return plan, normalized
 
     def explain(
@@ -231,6 +239,7 @@ class Session:
         epsilon: float | None = None,
         delta: float | None = None,
         mechanism: str | None = None,
+        max_answers: int | None = None,
     ) -> dict[str, Any]:
         """Plan, mechanism, sensitivities and cost of ``sql``, without reading data or charging."""
         shaped = self._shape(sql)
@@ -242,7 +251,7 @@ class Session:
                 "cost": {"epsilon": 0.0, "delta": 0.0},
                 "draws_on": [],
             }
-        plan, normalized = self._plan(sql, epsilon, delta, mechanism, shaped)
+        plan, normalized = self._plan(sql, epsilon, delta, mechanism, shaped, max_answers)
         cost = total(plan.event)
         status = self.budget()
         return {
@@ -263,6 +272,7 @@ class Session:
         epsilon: float | None = None,
         delta: float | None = None,
         mechanism: str | None = None,
+        max_answers: int | None = None,
     ) -> QueryResult:
         """Answer ``sql`` with differential privacy, charging the analyst's budget first.
 
@@ -274,7 +284,7 @@ class Session:
         synopsis = self._synopsis_for(shaped[0], mechanism)
         if synopsis is not None:
             return self._from_synopsis(synopsis, shaped)
-        plan, normalized = self._plan(sql, epsilon, delta, mechanism, shaped)
+        plan, normalized = self._plan(sql, epsilon, delta, mechanism, shaped, max_answers)
         entry = self._ledger.charge(
             analyst=self.analyst,
             event=plan.event,
@@ -283,6 +293,8 @@ class Session:
             mechanism=plan.mechanism,
             partition=plan.partition,
         )
+        if plan.range_queries is not None:
+            return self._release_ranges(plan, entry)
         salt = int(self.rng.integers(0, 2**62))
         generated = bounded_aggregate(
             plan.shape,
@@ -422,12 +434,14 @@ class Session:
             for row in zip(*(by_output[n] for n in names), strict=True)
         ]
         count_name = next(o.name for o in plan.shape.outputs if not isinstance(o, GroupKey))
+        intervals = {
+            count_name: [(_plain(a), _plain(b)) for a, b in zip(lower, upper, strict=True)]
+        }
+        rows, intervals = _having(plan, names, rows, intervals)
         return QueryResult(
             columns=names,
             rows=rows,
-            intervals={
-                count_name: [(_plain(a), _plain(b)) for a, b in zip(lower, upper, strict=True)]
-            },
+            intervals=intervals,
             noise_scale={count_name: float(released.scale)},
             confidence=plan.confidence,
             epsilon=entry.cost.epsilon,
@@ -435,6 +449,72 @@ class Session:
             mechanism=spec.mechanism,
             analyst=self.analyst,
             ledger_entry=entry.seq,
+        )
+
+    def _release_ranges(self, plan: QueryPlan, entry: LedgerEntry) -> QueryResult:
+        """NumericSparse over the public ranges, in the public table's order."""
+        ranges = plan.range_queries
+        assert ranges is not None
+        shape = plan.shape
+        groups = self.backend.run(public_groups(shape, self.backend.dialect))
+        counts = self.backend.run(
+            range_counts(
+                shape,
+                unit=plan.bounds.unit,
+                max_rows_per_unit=plan.bounds.max_rows_per_unit,
+                dialect=self.backend.dialect,
+            )
+        )
+        columns = list(shape.group_by)
+        merged = groups.merge(counts, on=columns, how="left")
+        answers = merged["m0"].fillna(0).to_numpy(dtype=np.int64)
+        released = svt.numeric_sparse_release(
+            answers,
+            threshold=ranges.threshold,
+            epsilon=ranges.svt.epsilon,
+            c=ranges.max_answers,
+            delta=plan.delta,
+            sensitivity=ranges.sensitivity,
+            monotone=True,
+            beta=1 - plan.confidence,
+            rng=self.rng,
+        )
+        value_scale = ranges.svt.value_scale
+        assert value_scale is not None and released.values is not None
+        half = interval_half_width(value_scale, plan.confidence)
+        count_name = shape.having.name if shape.having is not None else "COUNT(*)"
+        rows = []
+        for index, value in zip(released.indices, released.values, strict=True):
+            keys = {c: _plain(merged[c].iloc[index]) for c in columns}
+            rows.append(
+                tuple(
+                    keys.get(o.column) if isinstance(o, GroupKey) else int(value)
+                    for o in shape.outputs
+                )
+            )
+        return QueryResult(
+            columns=list(shape.column_names),
+            rows=rows,
+            intervals={count_name: [(int(v) - half, int(v) + half) for v in released.values]},
+            noise_scale={count_name: float(value_scale)},
+            confidence=plan.confidence,
+            epsilon=entry.cost.epsilon,
+            delta=entry.cost.delta,
+            mechanism=plan.mechanism,
+            analyst=self.analyst,
+            ledger_entry=entry.seq,
+            details={
+                "ranges_scanned": released.queries_scanned,
+                "ranges_in_table": len(merged),
+                "halted_at_max_answers": released.halted,
+                "max_answers": ranges.max_answers,
+                "threshold": ranges.threshold,
+                "alpha": released.alpha,
+                "beta": released.beta,
+                "accuracy": "with probability >= 1 - beta: a reported range has count >= "
+                "threshold - alpha, an unreported scanned range count <= threshold + alpha, and "
+                "each released value is within alpha of its count",
+            },
         )
 
     def _aligned(self, plan: QueryPlan, frame: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple]]:
@@ -538,6 +618,7 @@ class Session:
             ]
         names = list(plan.shape.column_names)
         rows = list(zip(*(columns[n] for n in names), strict=True))
+        rows, result_intervals = _having(plan, names, rows, result_intervals)
         return QueryResult(
             columns=names,
             rows=rows,
@@ -630,6 +711,21 @@ def database_synopses(database: str | Path) -> list[dict[str, Any]]:
         return [s.describe() for s in store.all()]
     finally:
         store.close()
+
+
+def _having(
+    plan: QueryPlan,
+    names: list[str],
+    rows: list[tuple[Any, ...]],
+    intervals: dict[str, list[tuple[Any, Any]]],
+) -> tuple[list[tuple[Any, ...]], dict[str, list[tuple[Any, Any]]]]:
+    """Keep the rows whose noisy COUNT(*) passes HAVING (post-processing of released values)."""
+    having = plan.shape.having
+    if having is None:
+        return rows, intervals
+    position = names.index(having.name)
+    keep = [i for i, row in enumerate(rows) if row[position] >= having.integer_threshold]
+    return [rows[i] for i in keep], {k: [v[i] for i in keep] for k, v in intervals.items()}
 
 
 def _ratio(

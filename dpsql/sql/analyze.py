@@ -15,11 +15,19 @@ from sqlglot import exp
 
 from dpsql.errors import SchemaError, UnsupportedQueryError
 from dpsql.sql.parse import ParsedQuery
-from dpsql.sql.shape import Aggregate, AggregateKind, ColumnKind, GroupKey, QueryShape
+from dpsql.sql.shape import (
+    Aggregate,
+    AggregateKind,
+    ColumnKind,
+    GroupKey,
+    Having,
+    QueryShape,
+    RangeJoin,
+)
 
 __all__ = ["analyze"]
 
-_SELECT_ARGS = {"expressions", "from", "from_", "where", "group"}
+_SELECT_ARGS = {"expressions", "from", "from_", "where", "group", "having", "joins"}
 _CLAUSE_NAMES = {
     "joins": "JOIN",
     "having": "HAVING",
@@ -55,6 +63,9 @@ class _Analyzer:
         self.table = ""
         self.aliases: set[str] = set()
         self.columns: dict[str, str] = {}
+        self.public_table = ""
+        self.public_aliases: set[str] = set()
+        self.public_columns: dict[str, str] = {}
 
     def reject(
         self,
@@ -81,9 +92,12 @@ class _Analyzer:
                     "FROM one table with optional WHERE and GROUP BY",
                 )
         self.resolve_table(select.args.get("from_") or select.args.get("from"))
+        range_join = self.range_join(select.args.get("joins") or [])
         where = select.args.get("where")
         predicate = self.predicate(where.this) if where is not None else None
         group_by = tuple(self.group_column(node) for node in self.group_nodes(select))
+        if range_join is not None and not group_by:
+            self.reject(select, "a range JOIN needs GROUP BY the public table's range columns")
         outputs = tuple(self.output(node, group_by) for node in select.expressions)
         if not any(isinstance(o, Aggregate) for o in outputs):
             self.reject(select, "the select list needs an aggregate: COUNT, SUM or AVG")
@@ -92,9 +106,101 @@ class _Analyzer:
         if duplicates:
             self.reject(select, f"output column names must be distinct, repeated: {duplicates}")
         kinds = {name: ColumnKind.of(type_name) for name, type_name in self.columns.items()}
+        having = select.args.get("having")
         return QueryShape(
-            self.table, outputs, group_by, predicate, kinds, dict(self.parsed.options)
+            self.table,
+            outputs,
+            group_by,
+            predicate,
+            kinds,
+            dict(self.parsed.options),
+            self.having(having.this, outputs) if having is not None else None,
+            range_join,
         )
+
+    # JOIN with a public range table and HAVING --------------------------------------------------
+    def range_join(self, joins: list[exp.Expression]) -> RangeJoin | None:
+        if not joins:
+            return None
+        if len(joins) > 1:
+            self.reject(joins[1], "only one JOIN (with a public range table) is supported")
+        (join,) = joins
+        if join.args.get("side") or join.args.get("kind") not in (None, "", "INNER"):
+            self.reject(join, "only an inner JOIN with a public range table is supported")
+        if join.args.get("using") or join.args.get("method"):
+            self.reject(
+                join, "the JOIN needs ON column BETWEEN public_table.low AND public_table.high"
+            )
+        table = join.this
+        if not isinstance(table, exp.Table) or not isinstance(table.this, exp.Identifier):
+            self.reject(join, "JOIN must name one public table")
+        matches = [name for name in self.catalog if name.lower() == table.name.lower()]
+        if not matches:
+            self.reject(table, f"unknown table {table.name!r}", SchemaError)
+        if matches[0] == self.table:
+            self.reject(table, "a table cannot be joined with itself")
+        self.public_table = matches[0]
+        self.public_columns = dict(self.catalog[self.public_table])
+        self.public_aliases = {self.public_table.lower(), table.name.lower()}
+        if table.alias:
+            self.public_aliases.add(table.alias.lower())
+        if self.aliases & self.public_aliases:
+            self.reject(table, "the joined tables need distinct names or aliases")
+        condition = join.args.get("on")
+        if not isinstance(condition, exp.Between):
+            self.reject(
+                condition if condition is not None else join,
+                "the JOIN needs ON column BETWEEN public_table.low AND public_table.high",
+            )
+        value = self.predicate_column(condition.this, "BETWEEN")
+        low, high = (self.public_column(condition.args[k]) for k in ("low", "high"))
+        kinds = {name: ColumnKind.of(t) for name, t in self.public_columns.items()}
+        if (
+            not (self.kind(value).numeric and kinds[low].numeric and kinds[high].numeric)
+            and len({self.kind(value), kinds[low], kinds[high]}) != 1
+        ):
+            self.reject(condition, "the range JOIN compares values of different types")
+        return RangeJoin(self.public_table, value, low, high, kinds)
+
+    def public_column(self, node: exp.Expression) -> str:
+        if not isinstance(node, exp.Column) or not self.public_table:
+            self.reject(node, "expected a column of the joined public table")
+        if not node.table or node.table.lower() not in self.public_aliases:
+            self.reject(node, f"qualify {node.name!r} with the public table's name or alias")
+        matches = [n for n in self.public_columns if n.lower() == node.name.lower()]
+        if not matches:
+            self.reject(
+                node, f"unknown column {node.name!r} in table {self.public_table!r}", SchemaError
+            )
+        return matches[0]
+
+    def having(self, node: exp.Expression, outputs: tuple[Aggregate | GroupKey, ...]) -> Having:
+        operators = {exp.GT: False, exp.GTE: True, exp.LT: False, exp.LTE: True}
+        if type(node) not in operators:
+            self.reject(node, "HAVING supports COUNT(*) > n or COUNT(*) >= n for a number n")
+        count, limit = node.this, node.expression
+        if isinstance(node, (exp.LT, exp.LTE)):
+            count, limit = limit, count
+        if not (isinstance(count, exp.Count) and isinstance(count.this, exp.Star)):
+            self.reject(node, "HAVING supports COUNT(*) > n or COUNT(*) >= n for a number n")
+        negative = isinstance(limit, exp.Neg)
+        inner = limit.this if negative else limit
+        if not (isinstance(inner, exp.Literal) and not inner.is_string):
+            self.reject(limit, "the HAVING threshold must be a number")
+        threshold = float(inner.this) * (-1 if negative else 1)
+        if not math.isfinite(threshold):
+            self.reject(limit, "the HAVING threshold must be finite")
+        name = next(
+            (
+                o.name
+                for o in outputs
+                if isinstance(o, Aggregate) and o.kind is AggregateKind.COUNT and o.column is None
+            ),
+            None,
+        )
+        if name is None:
+            self.reject(node, "HAVING COUNT(*) needs COUNT(*) in the select list")
+        return Having(threshold, operators[type(node)], name)
 
     def resolve_table(self, source: exp.Expression | None) -> None:
         if source is None:
@@ -130,6 +236,11 @@ class _Analyzer:
     def column(self, node: exp.Column) -> str:
         if node.args.get("db") or node.args.get("catalog"):
             self.reject(node, f"column reference {node.sql()!r} is qualified too deeply")
+        if node.table and node.table.lower() in self.public_aliases:
+            self.reject(
+                node,
+                f"{node.sql()!r}: only the range columns and GROUP BY may use the public table",
+            )
         if node.table and node.table.lower() not in self.aliases:
             self.reject(node, f"unknown table or alias {node.table!r}", SchemaError)
         if isinstance(node.this, exp.Star):
@@ -287,6 +398,8 @@ class _Analyzer:
     def group_column(self, node: exp.Expression) -> str:
         if not isinstance(node, exp.Column):
             self.reject(node, "GROUP BY takes column names only")
+        if self.public_table:
+            return self.public_column(node)
         return self.column(node)
 
     def output(self, node: exp.Expression, group_by: tuple[str, ...]) -> Aggregate | GroupKey:
@@ -294,7 +407,7 @@ class _Analyzer:
         if isinstance(node, exp.Alias):
             alias, node = node.alias, node.this
         if isinstance(node, exp.Column):
-            name = self.column(node)
+            name = self.public_column(node) if self.public_table else self.column(node)
             if name not in group_by:
                 self.reject(node, f"column {name!r} must appear in GROUP BY or inside an aggregate")
             return GroupKey(name, alias or name)

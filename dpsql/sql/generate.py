@@ -35,7 +35,14 @@ from sqlglot import exp
 
 from dpsql.sql.shape import ColumnKind, QueryShape
 
-__all__ = ["Bounds", "Measure", "MeasureKind", "bounded_aggregate"]
+__all__ = [
+    "Bounds",
+    "Measure",
+    "MeasureKind",
+    "bounded_aggregate",
+    "public_groups",
+    "range_counts",
+]
 
 
 class MeasureKind(Enum):
@@ -97,6 +104,10 @@ _PRIME = 2_147_483_647
 """2**31 - 1: every intermediate of the integer order stays below 2**62, so no backend overflows."""
 
 
+def _integral(kinds: Sequence[ColumnKind]) -> bool:
+    return all(kind in (ColumnKind.INTEGER, ColumnKind.BOOLEAN) for kind in kinds)
+
+
 def _salted_order(keys: Sequence[str], kinds: Sequence[ColumnKind], salt: int) -> str:
     """A salted pseudo-random order of a unit's groups that every backend computes identically.
 
@@ -105,20 +116,21 @@ def _salted_order(keys: Sequence[str], kinds: Sequence[ColumnKind], salt: int) -
     is not Spark's murmur3 ``HASH``), so the order uses portable arithmetic: integer and boolean
     keys are mixed modulo ``2**31 - 1`` with multipliers derived from the salt (a few integer
     operations per cell); other keys (strings, dates, decimals, ...) by the MD5 of their text,
-    which costs more. Ties are broken by the keys themselves. Float keys print differently on
-    some engines (DuckDB ``1e+20``, Spark ``1.0E20``), so their order may differ between engines.
+    computed once per distinct key. Ties are broken by the keys themselves. Float keys print
+    differently on some engines (DuckDB ``1e+20``, Spark ``1.0E20``), so their order may differ
+    between engines.
 
     >>> _salted_order(["__key0"], [ColumnKind.STRING], 7)
     "MD5('7' || '|' || CAST(__key0 AS VARCHAR))"
     """
-    if not all(k in (ColumnKind.INTEGER, ColumnKind.BOOLEAN) for k in kinds):
+    if not _integral(kinds):
         text = " || '|' || ".join(f"CAST({key} AS VARCHAR)" for key in keys)
         return f"MD5('{int(salt)}' || '|' || {text})"
     digest = hashlib.sha256(str(int(salt)).encode()).digest()
     multiplier, offset, square, final = (
         1 + int.from_bytes(digest[8 * i : 8 * i + 8], "big") % (_PRIME - 1) for i in range(4)
     )
-    mixed = str(offset)
+    mixed = f"CAST({offset} AS BIGINT)"
     for key, kind in zip(keys, kinds, strict=True):
         code = (
             f"CAST({key} AS BIGINT)"
@@ -130,7 +142,7 @@ def _salted_order(keys: Sequence[str], kinds: Sequence[ColumnKind], salt: int) -
     return f"(({mixed}) * {final} + {offset}) % {_PRIME}"
 
 
-def bounded_aggregate(def bounded_aggregate(
+def bounded_aggregate(
     shape: QueryShape,
     *,
     measures: Sequence[Measure],
@@ -200,14 +212,26 @@ def bounded_aggregate(def bounded_aggregate(
         # A unit's cells in salted-hash order: the first max_groups_per_unit are kept, and rows'
         # worth is handed out in that order until max_rows_per_unit is used up.
         key_list = ", ".join(keys)
-        order = _salted_order(keys, [shape.columns[c] for c in shape.group_by], salt)
+        kinds = [shape.columns[c] for c in shape.group_by]
+        order, ordered = _salted_order(keys, kinds, salt), "cells"
+        if not _integral(kinds):
+            # The MD5 order once per distinct key rather than once per cell.
+            ctes.append(
+                f"orders AS (SELECT {key_list}, {order} AS __order "
+                f"FROM (SELECT DISTINCT {key_list} FROM cells) AS __keys)"
+            )
+            on = " AND ".join(f"cells.{k} = orders.{k}" for k in keys)
+            ctes.append(
+                f"ordered AS (SELECT cells.*, orders.__order FROM cells JOIN orders ON {on})"
+            )
+            order, ordered = "__order", "ordered"
         window = (
             f"OVER (PARTITION BY __unit ORDER BY {order}, {key_list} "
             "ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
         )
         ctes.append(
             f"ranked AS (SELECT *, ROW_NUMBER() {window} AS __group_rank, "
-            f"SUM({kept}) {window} AS __rows_through FROM cells)"
+            f"SUM({kept}) {window} AS __rows_through FROM {ordered})"
         )
         previous = f"ranked WHERE __group_rank <= {int(bounds.max_groups_per_unit)}"
         if cap_unit:
@@ -225,6 +249,63 @@ def bounded_aggregate(def bounded_aggregate(
     outputs = [f"{k} AS {_identifier(c)}" for c, k in zip(shape.group_by, keys, strict=True)]
     group = f" GROUP BY {', '.join(keys)}" if keys else ""
     sql = f"WITH {', '.join(ctes)} SELECT {', '.join(outputs + aggregates)} FROM {previous}{group}"
+    if dialect == "duckdb":
+        return sql
+    return sqlglot.transpile(sql, read="duckdb", write=dialect)[0]
+
+
+def range_counts(
+    shape: QueryShape,
+    *,
+    unit: str,
+    max_rows_per_unit: int,
+    dialect: str = "duckdb",
+) -> str:
+    """SQL returning, per group of the public range table, ``sum over units of min(rows of the
+    unit in the group's ranges, max_rows_per_unit)``: each count moves by at most
+    ``max_rows_per_unit`` between neighbouring datasets, and only upwards when a unit is added
+    (monotone), as the sparse vector technique assumes. Groups with no rows are absent."""
+    join = shape.range_join
+    assert join is not None
+    keys = [f"__key{i}" for i in range(len(shape.group_by))]
+    conditions = [f"{_identifier(join.value)} IS NOT NULL"]
+    if shape.where is not None:
+        conditions.append(f"({shape.where.sql(dialect='duckdb')})")
+    source = (
+        f"SELECT {_identifier(unit)} AS __unit, {_identifier(join.value)} AS __value "
+        f"FROM {_identifier(shape.table)} WHERE {' AND '.join(conditions)}"
+    )
+    ranges = ", ".join(
+        [f"{_identifier(join.low)} AS __low", f"{_identifier(join.high)} AS __high"]
+        + [f"{_identifier(c)} AS {k}" for c, k in zip(shape.group_by, keys, strict=True)]
+    )
+    key_list = ", ".join(f"r.{k}" for k in keys)
+    outputs = ", ".join(
+        f"{k} AS {_identifier(c)}" for c, k in zip(shape.group_by, keys, strict=True)
+    )
+    sql = (
+        f"WITH source AS ({source}), "
+        "cells AS (SELECT __unit, __value, COUNT(*) AS __rows FROM source "
+        "GROUP BY __unit, __value), "
+        f"ranges AS (SELECT {ranges} FROM {_identifier(join.table)}), "
+        f"per_unit AS (SELECT {key_list}, c.__unit, SUM(c.__rows) AS __n FROM cells c "
+        "JOIN ranges r ON c.__value BETWEEN r.__low AND r.__high "
+        f"GROUP BY {key_list}, c.__unit) "
+        f"SELECT {outputs}, "
+        f"CAST(SUM(LEAST(__n, {int(max_rows_per_unit)})) AS BIGINT) AS {_identifier('m0')} "
+        f"FROM per_unit GROUP BY {', '.join(keys)}"
+    )
+    if dialect == "duckdb":
+        return sql
+    return sqlglot.transpile(sql, read="duckdb", write=dialect)[0]
+
+
+def public_groups(shape: QueryShape, dialect: str = "duckdb") -> str:
+    """SQL listing the distinct groups of the public range table, in a fixed order."""
+    join = shape.range_join
+    assert join is not None
+    columns = ", ".join(_identifier(c) for c in shape.group_by)
+    sql = f"SELECT DISTINCT {columns} FROM {_identifier(join.table)} ORDER BY {columns}"
     if dialect == "duckdb":
         return sql
     return sqlglot.transpile(sql, read="duckdb", write=dialect)[0]

@@ -29,7 +29,12 @@ from dpsql.errors import ParameterError, SqlSyntaxError, UnsupportedQueryError
 
 __all__ = ["OPTION_TYPES", "ParsedQuery", "parse"]
 
-OPTION_TYPES: Mapping[str, type] = {"epsilon": float, "delta": float, "mechanism": str}
+OPTION_TYPES: Mapping[str, type] = {
+    "epsilon": float,
+    "delta": float,
+    "mechanism": str,
+    "max_answers": float,
+}
 """Options accepted in ``WITH DIFFERENTIAL_PRIVACY OPTIONS(...)``, with their types."""
 
 _CLAUSE_TOKENS: Mapping[type[exp.Expression], frozenset[TokenType]] = {

@@ -6,13 +6,22 @@ policy. Column names in a shape are the database's own spelling.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from sqlglot import exp
 
-__all__ = ["Aggregate", "AggregateKind", "ColumnKind", "GroupKey", "QueryShape"]
+__all__ = [
+    "Aggregate",
+    "AggregateKind",
+    "ColumnKind",
+    "GroupKey",
+    "Having",
+    "QueryShape",
+    "RangeJoin",
+]
 
 
 class ColumnKind(Enum):
@@ -94,6 +103,32 @@ class GroupKey:
 
 
 @dataclass(frozen=True)
+class Having:
+    """``HAVING COUNT(*) > threshold`` (``inclusive``: ``>=``); ``name`` is COUNT(*)'s output."""
+
+    threshold: float
+    inclusive: bool
+    name: str
+
+    @property
+    def integer_threshold(self) -> int:
+        """The smallest integer count that passes (counts are integers)."""
+        return math.ceil(self.threshold) if self.inclusive else math.floor(self.threshold) + 1
+
+
+@dataclass(frozen=True)
+class RangeJoin:
+    """``JOIN public ON value BETWEEN public.low AND public.high``: one range query per row of a
+    public table; the GROUP BY columns of the shape then name columns of ``table``."""
+
+    table: str
+    value: str
+    low: str
+    high: str
+    columns: dict[str, ColumnKind]
+
+
+@dataclass(frozen=True)
 class QueryShape:
     """One accepted SELECT over one table."""
 
@@ -103,6 +138,8 @@ class QueryShape:
     where: exp.Expression | None
     columns: dict[str, ColumnKind]
     options: dict[str, Any]
+    having: Having | None = None
+    range_join: RangeJoin | None = None
 
     @property
     def aggregates(self) -> tuple[Aggregate, ...]:

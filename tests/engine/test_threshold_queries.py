@@ -1,0 +1,125 @@
+"""HAVING and the sparse vector technique from SQL: range queries filtered by a threshold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+import dpsql
+from dpsql.engine.session import database_ledger
+from dpsql.errors import ParameterError, PolicyError, UnsupportedQueryError
+from tests.conftest import make_database
+
+POLICY = """
+[dataset]
+epsilon = 100.0
+delta = 1e-5
+[analysts.a]
+epsilon = 100.0
+delta = 1e-5
+[tables.sales]
+privacy_unit = "user_id"
+max_groups_per_unit = 1
+max_rows_per_group = 3
+max_rows_per_unit = 3
+[tables.sales.columns.shop]
+public_keys = ["north", "south", "east", "west"]
+[public_tables.price_ranges]
+description = "overlapping price bands"
+"""
+
+RANGES = pd.DataFrame(
+    {"lo": [float(10 * i) for i in range(50)], "hi": [float(10 * i + 25) for i in range(50)]}
+)
+
+
+def sales() -> pd.DataFrame:
+    rng = np.random.default_rng(11)
+    prices = np.concatenate([rng.uniform(200, 230, 3000), rng.uniform(0, 500, 2000)])
+    shops = np.array(["north", "south", "east", "west"])[
+        np.concatenate([np.zeros(4000, int), rng.integers(1, 4, 1000)])
+    ]
+    return pd.DataFrame({"user_id": np.arange(5000), "price": prices, "shop": shops})
+
+
+@pytest.fixture
+def database(tmp_path: Path) -> Path:
+    tables = {"sales": sales(), "price_ranges": RANGES}
+    return make_database(tmp_path / "s.duckdb", tables, POLICY)
+
+
+def true_counts() -> np.ndarray:
+    prices = sales()["price"].to_numpy()
+    return np.array([np.sum((prices >= lo) & (prices <= hi)) for lo, hi in RANGES.to_numpy()])
+
+
+RANGE_SQL = (
+    "SELECT r.lo, r.hi, COUNT(*) AS n FROM sales s JOIN price_ranges r "
+    "ON s.price BETWEEN r.lo AND r.hi GROUP BY r.lo, r.hi HAVING COUNT(*) > 1000"
+)
+
+
+def test_range_queries_report_ranges_above_the_threshold(database: Path, rng) -> None:
+    truth = true_counts()
+    with dpsql.connect(database, analyst="a", rng=rng) as db:
+        result = db.execute(RANGE_SQL, epsilon=1.0, max_answers=3)
+    assert result.mechanism == "numeric_sparse" and result.epsilon == 1.0
+    assert 1 <= len(result.rows) <= 3
+    alpha = result.details["alpha"]
+    for lo, _hi, value in result.rows:
+        count = truth[int(lo // 10)]
+        assert count >= 1001 - alpha and abs(value - count) <= alpha
+    assert result.details["ranges_in_table"] == 50
+    (entry,) = [e for e in database_ledger(database) if e["kind"] == "charge"]
+    assert entry["mechanism"] == "numeric_sparse" and entry["epsilon"] == 1.0
+
+
+def test_range_queries_cost_does_not_grow_with_the_number_of_ranges(database: Path) -> None:
+    with dpsql.connect(database, analyst="a") as db:
+        few = db.explain(RANGE_SQL + " ", epsilon=0.5)
+        assert few["cost"] == {"epsilon": 0.5, "delta": 0.0}
+        assert "sparse vector technique" in few["plan"]["reason"]
+        assert few["plan"]["max_answers"] == 5
+
+
+def test_max_answers_from_options_and_conflicts(database: Path, rng) -> None:
+    with dpsql.connect(database, analyst="a", rng=rng) as db:
+        sql = RANGE_SQL.replace(
+            "SELECT", "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, max_answers=1)", 1
+        )
+        assert len(db.execute(sql).rows) <= 1
+        with pytest.raises(ParameterError, match="max_answers is given both"):
+            db.execute(sql, max_answers=2)
+        with pytest.raises(ParameterError, match="positive integer"):
+            db.execute(RANGE_SQL, epsilon=1.0, max_answers=0)
+        with pytest.raises(UnsupportedQueryError, match="max_answers applies"):
+            db.execute("SELECT COUNT(*) FROM sales", epsilon=1.0, max_answers=2)
+        with pytest.raises(UnsupportedQueryError, match="needs HAVING"):
+            db.execute(RANGE_SQL.split(" HAVING")[0], epsilon=1.0)
+
+
+def test_undeclared_public_table_is_refused(tmp_path: Path) -> None:
+    policy = POLICY.replace("[public_tables.price_ranges]\n", "").replace(
+        'description = "overlapping price bands"\n', ""
+    )
+    tables = {"sales": sales(), "price_ranges": RANGES}
+    database = make_database(tmp_path / "u.duckdb", tables, policy)
+    with (
+        dpsql.connect(database, analyst="a") as db,
+        pytest.raises(PolicyError, match="not declared public"),
+    ):
+        db.execute(RANGE_SQL, epsilon=1.0)
+
+
+def test_having_over_public_keys_filters_noisy_counts(database: Path, rng) -> None:
+    with dpsql.connect(database, analyst="a", rng=rng) as db:
+        sql = "SELECT shop, COUNT(*) AS n FROM sales GROUP BY shop HAVING COUNT(*) >= 1000"
+        report = db.explain(sql, epsilon=1.0)
+        assert "parallel composition" in report["plan"]["reason"]
+        result = db.execute(sql, epsilon=1.0)
+    assert result.mechanism == "discrete_laplace"
+    assert [row[0] for row in result.rows] == ["north"]  # 4000 rows; others about 333
+    assert len(result.intervals["n"]) == 1
