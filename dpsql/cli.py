@@ -42,6 +42,12 @@ _mechanism = click.option(
     help="How keys of a GROUP BY column without public keys are released (alp: threshold + "
     "ALP synopsis); laplace forces fresh noise instead of a stored synopsis.",
 )
+_max_answers = click.option(
+    "--max-answers",
+    type=int,
+    default=None,
+    help="Cut-off c of the sparse vector technique (range JOIN with HAVING).",
+)
 _format = click.option(
     "--format",
     "output_format",
@@ -167,6 +173,7 @@ def policy_show(database: str) -> None:
 @click.option("--delta", type=float, default=None, help="Delta for this query.")
 @click.option("--dialect", default="duckdb", show_default=True, help="SQL dialect of the query.")
 @_mechanism
+@_max_answers
 @_format
 @click.argument("sql")
 def query(
@@ -176,12 +183,15 @@ def query(
     delta: float | None,
     dialect: str,
     mechanism: str | None,
+    max_answers: int | None,
     output_format: str,
     sql: str,
 ) -> None:
     """Answer SQL with differential privacy, charging the analyst's budget first."""
     with connect(database, analyst=analyst, dialect=dialect) as session:
-        result = session.execute(sql, epsilon=epsilon, delta=delta, mechanism=mechanism)
+        result = session.execute(
+            sql, epsilon=epsilon, delta=delta, mechanism=mechanism, max_answers=max_answers
+        )
     print_result(result, output_format)
 
 
@@ -191,6 +201,7 @@ def query(
 @click.option("--epsilon", type=float, default=None)
 @click.option("--delta", type=float, default=None)
 @_mechanism
+@_max_answers
 @click.argument("sql")
 def explain(
     database: str,
@@ -198,11 +209,14 @@ def explain(
     epsilon: float | None,
     delta: float | None,
     mechanism: str | None,
+    max_answers: int | None,
     sql: str,
 ) -> None:
     """Show the plan, sensitivities and cost of SQL without reading data or charging."""
     with connect(database, analyst=analyst) as session:
-        report = session.explain(sql, epsilon=epsilon, delta=delta, mechanism=mechanism)
+        report = session.explain(
+            sql, epsilon=epsilon, delta=delta, mechanism=mechanism, max_answers=max_answers
+        )
         click.echo(json.dumps(report, indent=2))
 
 

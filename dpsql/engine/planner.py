@@ -78,6 +78,20 @@ DEFAULT_MAX_ANSWERS = 5
 """Cut-off c of the sparse vector technique when the query states none."""
 
 
+AUTO_BOUND_EXPONENTS = tuple(range(-10, 63))
+"""Candidate bounds 2**b for automatic clipping (an exponential grid, Programming DP ch. 10)."""
+
+
+@dataclass(frozen=True)
+class AutoBounds:
+    """SUM/AVG over a column without declared bounds: AboveThreshold picks U on a 2**b grid."""
+
+    column: str
+    mode: str
+    epsilon: float
+    rest: float
+
+
 @dataclass(frozen=True)
 class QueryPlan:
     """Everything needed to charge, run and noise one query."""
@@ -95,6 +109,7 @@ class QueryPlan:
     """(family, region) when the WHERE clause confines the table's partition column."""
     key_release: KeyRelease | None = None
     range_queries: RangeQueries | None = None
+    auto_bounds: AutoBounds | None = None
 
     @property
     def mechanism(self) -> str:
@@ -105,6 +120,13 @@ class QueryPlan:
     @property
     def reason(self) -> str:
         """Why this mechanism: what EXPLAIN shows."""
+        if self.auto_bounds is not None:
+            return (
+                f"no declared bounds for {self.auto_bounds.column}: AboveThreshold over "
+                "clipped-sum differences on a 2**b grid spends "
+                f"epsilon={self.auto_bounds.epsilon:g} to choose the bound, the aggregates get "
+                f"epsilon={self.auto_bounds.rest:g} with discrete Laplace noise"
+            )
         if self.range_queries is not None:
             return (
                 "range JOIN with HAVING: the sparse vector technique (NumericSparse, monotone "
@@ -139,6 +161,16 @@ class QueryPlan:
     def event(self) -> SequentialEvent:
         """The cost tree: one discrete-Laplace leaf per measurement, composed sequentially (or
         one thresholding / combined-structure leaf for a key release)."""
+        if self.auto_bounds is not None:
+            auto = self.auto_bounds
+            choose = MechanismEvent(
+                "above_threshold",
+                auto.epsilon,
+                0.0,
+                f"automatic bounds for {auto.column}",
+                (("grid", "2**b, b in [-10, 62]"), ("mode", auto.mode)),
+            )
+            return SequentialEvent((choose, *self._laplace_leaves(auto=True)))
         if self.range_queries is not None:
             ranges = self.range_queries
             leaf = MechanismEvent(
@@ -165,21 +197,26 @@ class QueryPlan:
             )
             leaf = MechanismEvent(release.mechanism, self.epsilon, release.delta, m.label, params)
             return SequentialEvent((leaf,))
-        return SequentialEvent(
-            tuple(
-                MechanismEvent(
-                    MECHANISM,
-                    m.epsilon,
-                    0.0,
-                    m.label,
-                    (
-                        ("groups", self.groups),
-                        ("l1_sensitivity", m.sensitivity_units * m.grid),
-                        ("noise_scale", float(m.scale) * m.grid),
-                    ),
-                )
-                for m in self.measurements
+        return SequentialEvent(self._laplace_leaves())
+
+    def _laplace_leaves(self, *, auto: bool = False) -> tuple[MechanismEvent, ...]:
+        """One discrete-Laplace leaf per measurement (with automatic bounds, the sensitivities
+        are only known after the bound is chosen, so the leaves record the groups only)."""
+        return tuple(
+            MechanismEvent(
+                MECHANISM,
+                m.epsilon,
+                0.0,
+                m.label,
+                (("groups", self.groups), ("bounds", "automatic"))
+                if auto
+                else (
+                    ("groups", self.groups),
+                    ("l1_sensitivity", m.sensitivity_units * m.grid),
+                    ("noise_scale", float(m.scale) * m.grid),
+                ),
             )
+            for m in self.measurements
         )
 
     def summary(self) -> dict[str, Any]:
@@ -216,6 +253,16 @@ class QueryPlan:
                 }
             ),
             "max_answers": None if self.range_queries is None else self.range_queries.max_answers,
+            "auto_bounds": (
+                None
+                if self.auto_bounds is None
+                else {
+                    "column": self.auto_bounds.column,
+                    "mode": self.auto_bounds.mode,
+                    "epsilon": self.auto_bounds.epsilon,
+                    "rest": self.auto_bounds.rest,
+                }
+            ),
             "key_release": (
                 None
                 if self.key_release is None
@@ -231,9 +278,15 @@ class QueryPlan:
                 {
                     "label": m.label,
                     "epsilon": m.epsilon,
-                    "l1_sensitivity": m.sensitivity_units * m.grid,
+                    "l1_sensitivity": (
+                        "set by the automatic bound"
+                        if self.auto_bounds is not None
+                        else m.sensitivity_units * m.grid
+                    ),
                     "grid": m.grid,
-                    "noise_scale": float(m.scale) * m.grid,
+                    "noise_scale": (
+                        None if self.auto_bounds is not None else float(m.scale) * m.grid
+                    ),
                 }
                 for m in self.measurements
             ],
@@ -320,6 +373,34 @@ def _key_release(
         )
     chosen = _MECHANISMS.get(mechanism or "") or ("threshold" if delta > 0 else "combined")
     return KeyRelease(column, chosen, delta, domain if delta == 0 else None, rules.expected_keys)
+
+
+def _auto_bounds(
+    shape: QueryShape, table: TablePolicy, policy: Policy, epsilon: float
+) -> AutoBounds | None:
+    """The automatic-bounds step for SUM/AVG over a column the policy lets dpsql bound itself."""
+    columns = sorted(
+        {
+            a.column
+            for a in shape.aggregates
+            if a.kind is not AggregateKind.COUNT
+            and a.column is not None
+            and table.column(a.column).bounds is None
+            and table.column(a.column).auto_bounds is not None
+        }
+    )
+    if not columns:
+        return None
+    if len(columns) > 1:
+        raise UnsupportedQueryError(
+            f"automatic bounds are chosen for one column per query; {columns} have none declared"
+        )
+    units = Cost.of(epsilon).epsilon_units
+    share = max(1, int(units * policy.dataset.auto_bounds_share))
+    if share >= units:
+        raise ParameterError(f"epsilon {epsilon} is too small to also choose automatic bounds")
+    mode = table.column(columns[0]).auto_bounds or "symmetric"
+    return AutoBounds(columns[0], mode, Cost(share).epsilon, Cost(units - share).epsilon)
 
 
 def _plan_ranges(
@@ -457,6 +538,14 @@ def plan_query(
         else table.max_rows_per_unit
     )
 
+    auto = _auto_bounds(shape, table, policy, epsilon)
+    if auto is not None:
+        rules = table.column(auto.column)
+        placeholder = (0.0, 1.0) if auto.mode == "nonnegative" else (-1.0, 1.0)
+        columns = {**table.columns, auto.column: rules.model_copy(update={"bounds": placeholder})}
+        table = table.model_copy(update={"columns": columns})
+    main_epsilon = epsilon if auto is None else auto.rest
+
     wanted: dict[Measure, str] = {}
     for aggregate in shape.aggregates:
         column = aggregate.column
@@ -477,7 +566,7 @@ def plan_query(
                 f"COUNT({column}) within bounds",
             )
 
-    shares = _split(epsilon, len(wanted))
+    shares = _split(main_epsilon, len(wanted))
     measurements = []
     for index, ((draft, label), share) in enumerate(zip(wanted.items(), shares, strict=True)):
         grid, units = 1.0, rows_per_unit
@@ -509,6 +598,7 @@ def plan_query(
         ),
         partition=_partition(shape, table),
         key_release=release,
+        auto_bounds=auto,
         epsilon=epsilon,
         delta=delta,
         confidence=policy.dataset.confidence,

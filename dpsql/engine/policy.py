@@ -82,6 +82,12 @@ class DatasetPolicy(_Frozen):
     )
     default_query_delta: Delta = 0.0
     confidence: float = Field(default=0.95, gt=0, lt=1, description="level of reported intervals")
+    auto_bounds_share: float = Field(
+        default=0.1,
+        gt=0,
+        lt=1,
+        description="share of a query's epsilon spent choosing automatic bounds",
+    )
     composition: Literal["basic", "advanced"] = Field(
         default="basic",
         description="'advanced' also tracks the advanced-composition bound, used when smaller",
@@ -107,6 +113,10 @@ class ColumnPolicy(_Frozen):
         default=None,
         description="public key domain for pure-DP GROUP BY without public keys: 'hash64' "
         "(64-bit key hashes) or an inclusive integer range [low, high]",
+    )
+    auto_bounds: Literal["nonnegative", "symmetric"] | None = Field(
+        default=None,
+        description="without bounds, SUM/AVG may choose [0, U] or [-U, U] with AboveThreshold",
     )
     expected_keys: int = Field(
         default=100_000,

@@ -19,7 +19,13 @@ from dpsql.accountant.ledger import Ledger, LedgerEntry
 from dpsql.accountant.limits import Limits
 from dpsql.accountant.units import Cost, check_budget_value
 from dpsql.engine.backends import Backend, DuckDBBackend
-from dpsql.engine.planner import MECHANISM, QueryPlan, key_literal, plan_query
+from dpsql.engine.planner import (
+    AUTO_BOUND_EXPONENTS,
+    MECHANISM,
+    QueryPlan,
+    key_literal,
+    plan_query,
+)
 from dpsql.engine.policy import Policy, load_policy, parse_policy
 from dpsql.engine.results import BudgetReport, BudgetStatus, QueryResult
 from dpsql.engine.synopses import (
@@ -36,7 +42,13 @@ from dpsql.mechanisms.combined import CombinedRelease
 from dpsql.mechanisms.laplace import interval_half_width, release_counts, release_grid_sums
 from dpsql.mechanisms.random import resolve_rng
 from dpsql.sql.analyze import analyze
-from dpsql.sql.generate import MeasureKind, bounded_aggregate, public_groups, range_counts
+from dpsql.sql.generate import (
+    MeasureKind,
+    bounded_aggregate,
+    clipping_profile,
+    public_groups,
+    range_counts,
+)
 from dpsql.sql.parse import parse
 from dpsql.sql.shape import AggregateKind, ColumnKind, GroupKey, QueryShape
 
@@ -295,6 +307,9 @@ class Session:
         )
         if plan.range_queries is not None:
             return self._release_ranges(plan, entry)
+        details: dict[str, Any] = {}
+        if plan.auto_bounds is not None:
+            plan, details = self._with_automatic_bounds(plan)
         salt = int(self.rng.integers(0, 2**62))
         generated = bounded_aggregate(
             plan.shape,
@@ -307,7 +322,57 @@ class Session:
         frame = self.backend.run(generated)
         if plan.key_release is not None:
             return self._release_keys(plan, frame, entry)
-        return self._release(plan, frame, entry)
+        result = self._release(plan, frame, entry)
+        return result.model_copy(update={"details": details}) if details else result
+
+    def _with_automatic_bounds(self, plan: QueryPlan) -> tuple[QueryPlan, dict[str, Any]]:
+        """Spend the automatic-bounds share on AboveThreshold, then re-plan with the bound.
+
+        The whole query was charged already; the new plan uses the remaining epsilon exactly as
+        the charged event split it.
+        """
+        auto = plan.auto_bounds
+        assert auto is not None
+        nonnegative = auto.mode == "nonnegative"
+        profile = self.backend.run(
+            clipping_profile(
+                plan.shape,
+                column=auto.column,
+                unit=plan.bounds.unit,
+                max_rows_per_unit=plan.bounds.max_rows_per_unit,
+                exponents=AUTO_BOUND_EXPONENTS,
+                nonnegative=nonnegative,
+                dialect=self.backend.dialect,
+            )
+        )
+        answers = -profile.iloc[0].to_numpy(dtype=np.float64)
+        found = svt.above_threshold_release(
+            answers,
+            threshold=0.0,
+            epsilon=auto.epsilon,
+            sensitivity=plan.bounds.max_rows_per_unit,
+            monotone=True,
+            rng=self.rng,
+        )
+        exponent = AUTO_BOUND_EXPONENTS[found.indices[0] if found.indices else -1]
+        bound = 2.0**exponent
+        chosen = (0.0, bound) if nonnegative else (-bound, bound)
+        table = plan.table
+        rules = table.column(auto.column).model_copy(update={"bounds": chosen})
+        table = table.model_copy(update={"columns": {**table.columns, auto.column: rules}})
+        name = next(k for k in self.policy.tables if k.lower() == plan.shape.table.lower())
+        policy = self.policy.model_copy(update={"tables": {**self.policy.tables, name: table}})
+        bounded = plan_query(plan.shape, policy, epsilon=auto.rest, delta=plan.delta)
+        details = {
+            "automatic_bounds": {
+                "column": auto.column,
+                "bounds": list(chosen),
+                "epsilon_for_bounds": auto.epsilon,
+                "epsilon_for_aggregates": auto.rest,
+                "mechanism": "above_threshold (monotone) over clipped-sum differences",
+            }
+        }
+        return bounded, details
 
     # sparse histograms and synopses -------------------------------------------------------------
     def _synopses(self) -> SynopsisStore:

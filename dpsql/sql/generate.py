@@ -40,6 +40,7 @@ __all__ = [
     "Measure",
     "MeasureKind",
     "bounded_aggregate",
+    "clipping_profile",
     "public_groups",
     "range_counts",
 ]
@@ -306,6 +307,45 @@ def public_groups(shape: QueryShape, dialect: str = "duckdb") -> str:
     assert join is not None
     columns = ", ".join(_identifier(c) for c in shape.group_by)
     sql = f"SELECT DISTINCT {columns} FROM {_identifier(join.table)} ORDER BY {columns}"
+    if dialect == "duckdb":
+        return sql
+    return sqlglot.transpile(sql, read="duckdb", write=dialect)[0]
+
+
+def clipping_profile(
+    shape: QueryShape,
+    *,
+    column: str,
+    unit: str,
+    max_rows_per_unit: int,
+    exponents: Sequence[int],
+    nonnegative: bool,
+    dialect: str = "duckdb",
+) -> str:
+    """SQL returning one row with ``q_b`` for each exponent b: the sum over units of
+    ``min(sum over the unit's rows of clamp(x / 2**b - 1, 0, 1), max_rows_per_unit)``, where x is
+    the value (``|value|``, or ``max(value, 0)`` when ``nonnegative``). ``q_b`` is about the number
+    of rows above 2**b, moves by at most ``max_rows_per_unit`` between neighbours, only upwards
+    when a unit is added (monotone), and falls to 0 once 2**b bounds every value."""
+    value = f"CAST({_identifier(column)} AS DOUBLE)"
+    magnitude = f"GREATEST({value}, 0.0)" if nonnegative else f"ABS({value})"
+    conditions = [f"{_identifier(column)} IS NOT NULL", f"NOT ISNAN({value})"]
+    if shape.where is not None:
+        conditions.append(f"({shape.where.sql(dialect='duckdb')})")
+    steps = ", ".join(
+        f"SUM(LEAST(GREATEST(__x / {_number(2.0**b)} - 1.0, 0.0), 1.0)) AS __q{i}"
+        for i, b in enumerate(exponents)
+    )
+    totals = ", ".join(
+        f"COALESCE(SUM(LEAST(__q{i}, {int(max_rows_per_unit)}.0)), 0.0) AS q{i}"
+        for i in range(len(exponents))
+    )
+    sql = (
+        f"WITH source AS (SELECT {_identifier(unit)} AS __unit, {magnitude} AS __x "
+        f"FROM {_identifier(shape.table)} WHERE {' AND '.join(conditions)}), "
+        f"per_unit AS (SELECT __unit, {steps} FROM source GROUP BY __unit) "
+        f"SELECT {totals} FROM per_unit"
+    )
     if dialect == "duckdb":
         return sql
     return sqlglot.transpile(sql, read="duckdb", write=dialect)[0]

@@ -123,3 +123,58 @@ def test_having_over_public_keys_filters_noisy_counts(database: Path, rng) -> No
     assert result.mechanism == "discrete_laplace"
     assert [row[0] for row in result.rows] == ["north"]  # 4000 rows; others about 333
     assert len(result.intervals["n"]) == 1
+
+
+AUTO_POLICY = """
+[dataset]
+epsilon = 100.0
+auto_bounds_share = 0.2
+[analysts.a]
+epsilon = 100.0
+[tables.orders]
+privacy_unit = "user_id"
+max_rows_per_unit = 1
+max_groups_per_unit = 1
+[tables.orders.columns.amount]
+auto_bounds = "nonnegative"
+[tables.orders.columns.region]
+public_keys = ["a", "b"]
+"""
+
+
+@pytest.fixture
+def orders_db(tmp_path: Path) -> tuple[Path, np.ndarray]:
+    amounts = np.random.default_rng(3).uniform(0, 900, 4000)  # all below 2**10
+    frame = pd.DataFrame(
+        {"user_id": np.arange(4000), "amount": amounts, "region": np.where(amounts > 450, "a", "b")}
+    )
+    return make_database(tmp_path / "o.duckdb", {"orders": frame}, AUTO_POLICY), amounts
+
+
+def test_automatic_bounds_spend_a_stated_share_then_answer(orders_db, rng) -> None:
+    database, amounts = orders_db
+    with dpsql.connect(database, analyst="a", rng=rng) as db:
+        report = db.explain("SELECT SUM(amount) AS s, AVG(amount) AS m FROM orders", epsilon=2.0)
+        assert report["plan"]["auto_bounds"]["epsilon"] == pytest.approx(0.4)
+        result = db.execute("SELECT SUM(amount) AS s, AVG(amount) AS m FROM orders", epsilon=2.0)
+    chosen = result.details["automatic_bounds"]
+    assert chosen["bounds"] in ([0.0, 512.0], [0.0, 1024.0])  # first 2**b that most values fit
+    assert chosen["epsilon_for_bounds"] == pytest.approx(0.4)
+    assert chosen["epsilon_for_aggregates"] == pytest.approx(1.6)
+    high = chosen["bounds"][1]
+    truth = np.minimum(amounts, high).sum()
+    (s, m) = result.rows[0]
+    assert abs(s - truth) < 0.02 * truth and abs(m - np.minimum(amounts, high).mean()) < 20
+    (entry,) = [e for e in database_ledger(database) if e["kind"] == "charge"]
+    leaves = entry["payload"]["events"]
+    assert leaves[0]["mechanism"] == "above_threshold" and leaves[0]["epsilon"] == 0.4
+    assert sum(leaf["epsilon"] for leaf in leaves) == pytest.approx(2.0)
+    assert entry["epsilon"] == 2.0
+
+
+def test_automatic_bounds_work_with_group_by(orders_db, rng) -> None:
+    database, _ = orders_db
+    with dpsql.connect(database, analyst="a", rng=rng) as db:
+        result = db.execute("SELECT region, SUM(amount) FROM orders GROUP BY region", epsilon=2.0)
+    assert [row[0] for row in result.rows] == ["a", "b"]
+    assert result.details["automatic_bounds"]["bounds"][0] == 0.0
