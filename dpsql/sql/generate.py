@@ -262,10 +262,14 @@ def range_counts(
     max_rows_per_unit: int,
     dialect: str = "duckdb",
 ) -> str:
-    """SQL returning, per group of the public range table, ``sum over units of min(rows of the
-    unit in the group's ranges, max_rows_per_unit)``: each count moves by at most
-    ``max_rows_per_unit`` between neighbouring datasets, and only upwards when a unit is added
-    (monotone), as the sparse vector technique assumes. Groups with no rows are absent."""
+    """SQL returning, per group of the public range table, the rounded-down weight of the rows in
+    the group's ranges; each row of a unit with n rows weighs ``min(1, max_rows_per_unit / n)``.
+
+    A unit's rows weigh at most ``max_rows_per_unit`` in all, so every range count moves by at
+    most that much between neighbouring datasets (rounding down keeps this, the bound being an
+    integer), and only upwards when a unit is added (monotone), as the sparse vector technique
+    assumes. Weights are summed per distinct value before the range join, so the join touches
+    distinct values, not rows. Groups with no rows are absent."""
     join = shape.range_join
     assert join is not None
     keys = [f"__key{i}" for i in range(len(shape.group_by))]
@@ -286,15 +290,14 @@ def range_counts(
     )
     sql = (
         f"WITH source AS ({source}), "
-        "cells AS (SELECT __unit, __value, COUNT(*) AS __rows FROM source "
-        "GROUP BY __unit, __value), "
+        "units AS (SELECT __unit, COUNT(*) AS __rows FROM source GROUP BY __unit), "
+        f"weights AS (SELECT s.__value, SUM(LEAST(1.0, {int(max_rows_per_unit)}.0 / u.__rows)) "
+        "AS __weight FROM source s JOIN units u ON s.__unit = u.__unit GROUP BY s.__value), "
         f"ranges AS (SELECT {ranges} FROM {_identifier(join.table)}), "
-        f"per_unit AS (SELECT {key_list}, c.__unit, SUM(c.__rows) AS __n FROM cells c "
-        "JOIN ranges r ON c.__value BETWEEN r.__low AND r.__high "
-        f"GROUP BY {key_list}, c.__unit) "
-        f"SELECT {outputs}, "
-        f"CAST(SUM(LEAST(__n, {int(max_rows_per_unit)})) AS BIGINT) AS {_identifier('m0')} "
-        f"FROM per_unit GROUP BY {', '.join(keys)}"
+        f"per_range AS (SELECT {key_list}, SUM(w.__weight) AS __total FROM weights w "
+        f"JOIN ranges r ON w.__value BETWEEN r.__low AND r.__high GROUP BY {key_list}) "
+        f"SELECT {outputs}, CAST(FLOOR(__total + 1e-9) AS BIGINT) AS {_identifier('m0')} "
+        "FROM per_range"
     )
     if dialect == "duckdb":
         return sql
