@@ -10,12 +10,12 @@ the same aggregation run raw on DuckDB without privacy. Prints median seconds an
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
 import duckdb
+from timing import median_seconds
 
 import dpsql
 from dpsql.engine.backends import DUCKDB_CONFIG
@@ -71,15 +71,6 @@ def build(path: Path, rows: int, users: int) -> None:
     dpsql.set_policy(path, POLICY)
 
 
-def timed(function, repeats: int) -> float:
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
@@ -99,8 +90,8 @@ def main() -> None:
             for name, (private, plain) in QUERIES.items():
                 session.execute(private, epsilon=1.0)  # warm caches for both
                 raw.execute(plain).fetchall()
-                dp = timed(lambda q=private: session.execute(q, epsilon=1.0), args.repeats)
-                base = timed(lambda q=plain: raw.execute(q).fetchall(), args.repeats)
+                dp = median_seconds(lambda q=private: session.execute(q, epsilon=1.0), args.repeats)
+                base = median_seconds(lambda q=plain: raw.execute(q).fetchall(), args.repeats)
                 print(f"{name:28} {dp:9.3f} {base:9.3f} {dp / base:7.2f}x")
         raw.close()
 

@@ -10,12 +10,11 @@ in dpsql, ledger charge) against the same range counts computed raw, without pri
 from __future__ import annotations
 
 import argparse
-import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import duckdb
+from timing import median_seconds
 
 import dpsql
 from dpsql.engine.backends import DUCKDB_CONFIG
@@ -56,15 +55,6 @@ def build(path: Path, rows: int, users: int) -> None:
     dpsql.set_policy(path, POLICY)
 
 
-def timed(function, repeats: int) -> float:
-    samples = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        function()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=10_000_000)
@@ -81,8 +71,10 @@ def main() -> None:
             plain = RAW.format(threshold=threshold)
             result = session.execute(private, epsilon=1.0, max_answers=5)
             raw.execute(plain).fetchall()
-            dp = timed(lambda: session.execute(private, epsilon=1.0, max_answers=5), args.repeats)
-            base = timed(lambda: raw.execute(plain).fetchall(), args.repeats)
+            dp = median_seconds(
+                lambda: session.execute(private, epsilon=1.0, max_answers=5), args.repeats
+            )
+            base = median_seconds(lambda: raw.execute(plain).fetchall(), args.repeats)
         raw.close()
     print(f"{args.rows:,} rows, 500 overlapping ranges, threshold {threshold:,}, c = 5")
     print(f"dpsql (SVT) {dp:.3f}s   raw DuckDB {base:.3f}s   ratio {dp / base:.2f}x")

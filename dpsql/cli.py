@@ -5,17 +5,15 @@ Errors dpsql raises on purpose print one line on stderr and exit with status 1 (
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
+from dpsql.cli_output import console, db_option, print_csv, print_table
+from dpsql.cli_publish import register as register_publish
 from dpsql.engine import demo as demo_data
 from dpsql.engine.results import BudgetReport, QueryResult
 from dpsql.engine.session import (
@@ -29,12 +27,6 @@ from dpsql.engine.session import (
 )
 from dpsql.errors import DpsqlError
 
-_console = Console(highlight=False, markup=False, soft_wrap=True)
-if not _console.is_terminal or _console.width < 160:
-    _console.width = 160
-_db_option = click.option(
-    "--db", "database", required=True, type=click.Path(dir_okay=False), help="DuckDB database file."
-)
 _mechanism = click.option(
     "--mechanism",
     type=click.Choice(["laplace", "threshold", "alp"]),
@@ -57,31 +49,6 @@ _format = click.option(
 )
 
 
-def _number(value: Any) -> str:
-    if value is None or (isinstance(value, float) and value != value):
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.6g}" if abs(value) < 1e6 else f"{value:.0f}"
-    return str(value)
-
-
-def _print_table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
-    table = Table(title=title, title_justify="left")
-    for column in columns:
-        table.add_column(column)
-    for row in rows:
-        table.add_row(*(_number(v) for v in row))
-    _console.print(table)
-
-
-def _print_csv(columns: list[str], rows: list[list[Any]]) -> None:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(columns)
-    writer.writerows(rows)
-    click.echo(buffer.getvalue(), nl=False)
-
-
 def _result_table(result: QueryResult) -> tuple[list[str], list[list[Any]]]:
     columns: list[str] = []
     for name in result.columns:
@@ -100,12 +67,12 @@ def print_result(
         return
     columns, rows = _result_table(result)
     if output_format == "csv":
-        _print_csv(columns, rows)
+        print_csv(columns, rows)
         return
-    _print_table(title, columns, rows[:max_rows])
+    print_table(title, columns, rows[:max_rows])
     if max_rows is not None and len(rows) > max_rows:
-        _console.print(f"... {len(rows)} rows in all (first {max_rows} shown)")
-    _console.print(
+        console.print(f"... {len(rows)} rows in all (first {max_rows} shown)")
+    console.print(
         f"spent epsilon={result.epsilon:g} delta={result.delta:g} "
         f"({result.mechanism}); intervals are {result.confidence:.0%} confidence; "
         f"ledger entry {result.ledger_entry}"
@@ -128,9 +95,9 @@ def print_budget(report: BudgetReport, output_format: str) -> None:
     ]
     rows = [[getattr(line, c) for c in columns] for line in report.lines]
     if output_format == "csv":
-        _print_csv(columns, rows)
+        print_csv(columns, rows)
     else:
-        _print_table("Privacy budget", columns, rows)
+        print_table("Privacy budget", columns, rows)
 
 
 @click.group()
@@ -145,7 +112,7 @@ def policy() -> None:
 
 
 @policy.command("set")
-@_db_option
+@db_option
 @click.option(
     "--file",
     "policy_file",
@@ -160,14 +127,14 @@ def policy_set(database: str, policy_file: str) -> None:
 
 
 @policy.command("show")
-@_db_option
+@db_option
 def policy_show(database: str) -> None:
     """Print the policy in force as JSON."""
     click.echo(show_policy(database).model_dump_json(indent=2))
 
 
 @cli.command()
-@_db_option
+@db_option
 @click.option("--analyst", required=True, help="Analyst whose allocation is charged.")
 @click.option("--epsilon", type=float, default=None, help="Epsilon for this query.")
 @click.option("--delta", type=float, default=None, help="Delta for this query.")
@@ -196,7 +163,7 @@ def query(
 
 
 @cli.command()
-@_db_option
+@db_option
 @click.option("--analyst", required=True)
 @click.option("--epsilon", type=float, default=None)
 @click.option("--delta", type=float, default=None)
@@ -221,7 +188,7 @@ def explain(
 
 
 @cli.command()
-@_db_option
+@db_option
 @_format
 def synopses(database: str, output_format: str) -> None:
     """List stored synopses (released structures that answer point queries for free)."""
@@ -232,13 +199,13 @@ def synopses(database: str, output_format: str) -> None:
     columns = ["name", "table", "key_column", "filters", "epsilon", "delta", "created", "bytes"]
     rows = [[s[c] if c != "filters" else " AND ".join(s[c]) for c in columns] for s in listed]
     if output_format == "csv":
-        _print_csv(columns, rows)
+        print_csv(columns, rows)
     else:
-        _print_table("Synopses", columns, rows)
+        print_table("Synopses", columns, rows)
 
 
 @cli.command()
-@_db_option
+@db_option
 @click.option("--analyst", default=None, help="Only this analyst (and the dataset).")
 @_format
 def budget(database: str, analyst: str | None, output_format: str) -> None:
@@ -263,13 +230,13 @@ def ledger(context: click.Context, database: str | None, output_format: str) -> 
     columns = ["seq", "time", "kind", "analyst", "epsilon", "delta", "mechanism", "query"]
     rows = [[e[c] for c in columns] for e in entries]
     if output_format == "csv":
-        _print_csv(columns, rows)
+        print_csv(columns, rows)
     else:
-        _print_table("Ledger", columns, rows)
+        print_table("Ledger", columns, rows)
 
 
 @ledger.command("verify")
-@_db_option
+@db_option
 def ledger_verify(database: str) -> None:
     """Verify the hash chain and every entry's total; name the first bad entry."""
     count = len(database_ledger(database))
@@ -296,25 +263,28 @@ def demo(directory: str, rows: int) -> None:
     policy_file = Path(directory) / "policy.toml"
     policy_file.write_text(demo_data.DEMO_POLICY, encoding="utf-8")
     set_policy(database, policy_file)
-    _console.print(f"Built {database} ({rows} generated rows) with policy {policy_file}.\n")
+    console.print(f"Built {database} ({rows} generated rows) with policy {policy_file}.\n")
     with connect(database, analyst="alice") as session:
         for title, sql in demo_data.DEMO_QUERIES:
-            _console.print(title, style="bold")
-            _console.print(f"  {sql}")
+            console.print(title, style="bold")
+            console.print(f"  {sql}")
             print_result(session.execute(sql), "table", max_rows=12)
-            _console.print()
+            console.print()
         refused = "SELECT country, MAX(bytes) FROM requests GROUP BY country"
-        _console.print("A query dpsql refuses (no charge)", style="bold")
-        _console.print(f"  {refused}")
+        console.print("A query dpsql refuses (no charge)", style="bold")
+        console.print(f"  {refused}")
         try:
             session.execute(refused)
         except DpsqlError as error:
-            _console.print(f"  refused: {error}\n")
+            console.print(f"  refused: {error}\n")
         print_budget(session.budget(), "table")
-    _console.print(
+    console.print(
         f"Try: dpsql query --db {database} --analyst alice "
         '"SELECT country, COUNT(*) FROM requests GROUP BY country"'
     )
+
+
+register_publish(cli)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -315,6 +315,16 @@ def key_literal(value: PublicKey, kind: ColumnKind, column: str) -> tuple[Any, e
 _MECHANISMS = {"laplace": None, "threshold": "threshold", "alp": "combined", "combined": "combined"}
 
 
+def _bounds(table: TablePolicy) -> Bounds:
+    return Bounds(
+        table.privacy_unit,
+        table.max_groups_per_unit,
+        table.max_rows_per_group,
+        table.max_rows_per_unit,
+        table.partition_column,
+    )
+
+
 def _mechanism_option(shape: QueryShape, given: str | None) -> str | None:
     option = shape.options.get("mechanism")
     if given is not None and option is not None and given != option:
@@ -456,13 +466,7 @@ def _plan_ranges(
         measurements=(measure,),
         key_domain={},
         key_literals={},
-        bounds=Bounds(
-            table.privacy_unit,
-            table.max_groups_per_unit,
-            table.max_rows_per_group,
-            table.max_rows_per_unit,
-            table.partition_column,
-        ),
+        bounds=_bounds(table),
         epsilon=epsilon,
         delta=delta,
         confidence=policy.dataset.confidence,
@@ -589,13 +593,7 @@ def plan_query(
         measurements=tuple(measurements),
         key_domain=key_domain,
         key_literals=key_literals,
-        bounds=Bounds(
-            table.privacy_unit,
-            table.max_groups_per_unit,
-            table.max_rows_per_group,
-            table.max_rows_per_unit,
-            table.partition_column,
-        ),
+        bounds=_bounds(table),
         partition=_partition(shape, table),
         key_release=release,
         auto_bounds=auto,

@@ -80,6 +80,13 @@ _EXACT = 2**53
 they fit a BIGINT and every value converts to float exactly."""
 
 
+def _in_dialect(sql: str, dialect: str) -> str:
+    """``sql`` (written in DuckDB's dialect) transpiled by sqlglot to ``dialect``."""
+    if dialect == "duckdb":
+        return sql
+    return sqlglot.transpile(sql, read="duckdb", write=dialect)[0]
+
+
 def _identifier(name: str) -> str:
     return exp.to_identifier(name, quoted=True).sql(dialect="duckdb")
 
@@ -250,9 +257,7 @@ def bounded_aggregate(
     outputs = [f"{k} AS {_identifier(c)}" for c, k in zip(shape.group_by, keys, strict=True)]
     group = f" GROUP BY {', '.join(keys)}" if keys else ""
     sql = f"WITH {', '.join(ctes)} SELECT {', '.join(outputs + aggregates)} FROM {previous}{group}"
-    if dialect == "duckdb":
-        return sql
-    return sqlglot.transpile(sql, read="duckdb", write=dialect)[0]
+    return _in_dialect(sql, dialect)
 
 
 def range_counts(
@@ -299,9 +304,7 @@ def range_counts(
         f"SELECT {outputs}, CAST(FLOOR(__total + 1e-9) AS BIGINT) AS {_identifier('m0')} "
         "FROM per_range"
     )
-    if dialect == "duckdb":
-        return sql
-    return sqlglot.transpile(sql, read="duckdb", write=dialect)[0]
+    return _in_dialect(sql, dialect)
 
 
 def public_groups(shape: QueryShape, dialect: str = "duckdb") -> str:
@@ -310,9 +313,7 @@ def public_groups(shape: QueryShape, dialect: str = "duckdb") -> str:
     assert join is not None
     columns = ", ".join(_identifier(c) for c in shape.group_by)
     sql = f"SELECT DISTINCT {columns} FROM {_identifier(join.table)} ORDER BY {columns}"
-    if dialect == "duckdb":
-        return sql
-    return sqlglot.transpile(sql, read="duckdb", write=dialect)[0]
+    return _in_dialect(sql, dialect)
 
 
 def clipping_profile(
@@ -349,6 +350,4 @@ def clipping_profile(
         f"per_unit AS (SELECT __unit, {steps} FROM source GROUP BY __unit) "
         f"SELECT {totals} FROM per_unit"
     )
-    if dialect == "duckdb":
-        return sql
-    return sqlglot.transpile(sql, read="duckdb", write=dialect)[0]
+    return _in_dialect(sql, dialect)
