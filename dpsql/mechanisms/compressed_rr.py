@@ -249,6 +249,7 @@ class CompressedRR:
     def _user_keys(self, user_ids: Sequence[UserId]) -> tuple[npt.NDArray[np.uint64], ...]:
         seed = _seed_bytes(self.public_seed)
         keys = np.array([_key(_KEY_TAG, seed + _id_bytes(u)) for u in user_ids], dtype=np.uint64)
+        keys = keys.reshape(-1, 2)  # also when there are no users
         return keys[:, 0].copy(), keys[:, 1].copy()
 
     def _candidate_bits(

@@ -450,3 +450,8 @@ def test_default_randomness_is_secure_and_decodable() -> None:
     codec = CompressedRR(n=500, epsilon=1.0, chunks=3, public_seed=5)
     first = codec.encode([1, 2, 3], user_id="u")
     assert codec.decode(first, user_id="u").shape == (500,)
+
+
+def test_encoding_no_persons_returns_no_messages() -> None:
+    codec = CompressedRR(n=100, epsilon=1.0, chunks=2, public_seed=1)
+    assert codec.encode_many([], user_ids=[]) == []
