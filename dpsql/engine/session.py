@@ -7,21 +7,19 @@ charge charges nothing; once charged, the charge stands even if the answer is lo
 
 from __future__ import annotations
 
-import datetime as dt
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from dpsql.accountant.events import Event, PostProcessingEvent, total
 from dpsql.accountant.ledger import Ledger, LedgerEntry
 from dpsql.accountant.limits import Limits
 from dpsql.accountant.units import Cost, check_budget_value
+from dpsql.engine.answers import key_answer, laplace_answer, range_answer
 from dpsql.engine.backends import Backend, DuckDBBackend
 from dpsql.engine.planner import (
     AUTO_BOUND_EXPONENTS,
-    MECHANISM,
     QueryPlan,
     key_literal,
     plan_query,
@@ -37,20 +35,18 @@ from dpsql.engine.synopses import (
 )
 from dpsql.engine.synopses import now as synopsis_time
 from dpsql.errors import ParameterError, PolicyError
-from dpsql.mechanisms import combined, svt, threshold
+from dpsql.mechanisms import svt
 from dpsql.mechanisms.combined import CombinedRelease
-from dpsql.mechanisms.laplace import interval_half_width, release_counts, release_grid_sums
 from dpsql.mechanisms.random import resolve_rng
 from dpsql.sql.analyze import analyze
 from dpsql.sql.generate import (
-    MeasureKind,
     bounded_aggregate,
     clipping_profile,
     public_groups,
     range_counts,
 )
 from dpsql.sql.parse import parse
-from dpsql.sql.shape import AggregateKind, ColumnKind, GroupKey, QueryShape
+from dpsql.sql.shape import ColumnKind, QueryShape
 
 __all__ = [
     "Session",
@@ -62,10 +58,6 @@ __all__ = [
     "set_policy",
     "show_policy",
 ]
-
-
-ALP_ROWS_PER_KEY = 10
-"""Sketch rows per expected key: collision probability about 0.1 (the paper's Fig. 3 setting)."""
 
 
 def ledger_path(database: str | Path) -> Path:
@@ -306,7 +298,16 @@ class Session:
             partition=plan.partition,
         )
         if plan.range_queries is not None:
-            return self._release_ranges(plan, entry)
+            groups = self.backend.run(public_groups(plan.shape, self.backend.dialect))
+            counts = self.backend.run(
+                range_counts(
+                    plan.shape,
+                    unit=plan.bounds.unit,
+                    max_rows_per_unit=plan.bounds.max_rows_per_unit,
+                    dialect=self.backend.dialect,
+                )
+            )
+            return range_answer(plan, groups, counts, entry, rng=self.rng, analyst=self.analyst)
         details: dict[str, Any] = {}
         if plan.auto_bounds is not None:
             plan, details = self._with_automatic_bounds(plan)
@@ -321,8 +322,11 @@ class Session:
         )
         frame = self.backend.run(generated)
         if plan.key_release is not None:
-            return self._release_keys(plan, frame, entry)
-        result = self._release(plan, frame, entry)
+            answer, structure = key_answer(plan, frame, entry, rng=self.rng, analyst=self.analyst)
+            if structure is not None:
+                self._store_synopsis(plan, entry, structure)
+            return answer
+        result = laplace_answer(plan, frame, entry, rng=self.rng, analyst=self.analyst)
         return result.model_copy(update={"details": details}) if details else result
 
     def _with_automatic_bounds(self, plan: QueryPlan) -> tuple[QueryPlan, dict[str, Any]]:
@@ -375,6 +379,35 @@ class Session:
         return bounded, details
 
     # sparse histograms and synopses -------------------------------------------------------------
+    def _store_synopsis(
+        self, plan: QueryPlan, entry: LedgerEntry, structure: CombinedRelease
+    ) -> None:
+        release = plan.key_release
+        assert release is not None
+        store = self._synopses()
+        try:
+            store.save(
+                Synopsis(
+                    name=f"{plan.shape.table}_{release.column}_{entry.seq}",
+                    created=synopsis_time(),
+                    table=plan.shape.table,
+                    column=release.column,
+                    filters=conjuncts(plan.shape.where),
+                    epsilon=plan.epsilon,
+                    delta=release.delta,
+                    mechanism="combined",
+                    ledger_entry=entry.seq,
+                    params={
+                        "tau": int(structure.threshold.tau),
+                        "seed": structure.seed,
+                        "split": structure.split,
+                    },
+                    data=structure.to_bytes(),
+                )
+            )
+        finally:
+            store.close()
+
     def _synopses(self) -> SynopsisStore:
         return SynopsisStore(ledger_path(self.database))
 
@@ -436,263 +469,6 @@ class Session:
             epsilon=0.0,
             delta=0.0,
             mechanism=f"synopsis:{synopsis.name}",
-            analyst=self.analyst,
-            ledger_entry=entry.seq,
-        )
-
-    def _release_keys(
-        self, plan: QueryPlan, frame: pd.DataFrame, entry: LedgerEntry
-    ) -> QueryResult:
-        """Release the heavy keys of a GROUP BY without public keys (and store a synopsis)."""
-        spec = plan.key_release
-        assert spec is not None
-        column = spec.column
-        kind = plan.shape.columns[column]
-        keys = frame[column].to_numpy(dtype=object if kind is ColumnKind.STRING else np.int64)
-        counts = frame[plan.measurements[0].measure.name].to_numpy(dtype=np.int64)
-        common: dict[str, Any] = {
-            "epsilon": plan.epsilon,
-            "delta": spec.delta,
-            "domain": spec.domain,
-            "max_groups_per_unit": plan.bounds.max_groups_per_unit,
-            "max_rows_per_group": plan.bounds.max_rows_per_group,
-            "confidence": plan.confidence,
-            "rng": self.rng,
-        }
-        if spec.mechanism == "threshold":
-            released = threshold.release(keys, counts, **common)
-        else:
-            seed = int(self.rng.integers(0, 2**63))
-            structure = combined.release(
-                keys, counts, s=ALP_ROWS_PER_KEY * spec.expected_keys, seed=seed, **common
-            )
-            released = structure.threshold
-            filters = conjuncts(plan.shape.where)
-            name = f"{plan.shape.table}_{column}_{entry.seq}"
-            store = self._synopses()
-            try:
-                store.save(
-                    Synopsis(
-                        name=name,
-                        created=synopsis_time(),
-                        table=plan.shape.table,
-                        column=column,
-                        filters=filters,
-                        epsilon=plan.epsilon,
-                        delta=spec.delta,
-                        mechanism="combined",
-                        ledger_entry=entry.seq,
-                        params={"tau": int(released.tau), "seed": seed, "split": structure.split},
-                        data=structure.to_bytes(),
-                    )
-                )
-            finally:
-                store.close()
-        shown = [
-            f"0x{int(k):016x}" if released.key_kind == "hash" else _plain(k) for k in released.keys
-        ]
-        lower, upper = released.lower, released.upper
-        names = list(plan.shape.column_names)
-        by_output = {plan.shape.outputs[0].name: shown, plan.shape.outputs[1].name: released.values}
-        rows = [
-            tuple(_plain(v) for v in row)
-            for row in zip(*(by_output[n] for n in names), strict=True)
-        ]
-        count_name = next(o.name for o in plan.shape.outputs if not isinstance(o, GroupKey))
-        intervals = {
-            count_name: [(_plain(a), _plain(b)) for a, b in zip(lower, upper, strict=True)]
-        }
-        rows, intervals = _having(plan, names, rows, intervals)
-        return QueryResult(
-            columns=names,
-            rows=rows,
-            intervals=intervals,
-            noise_scale={count_name: float(released.scale)},
-            confidence=plan.confidence,
-            epsilon=entry.cost.epsilon,
-            delta=entry.cost.delta,
-            mechanism=spec.mechanism,
-            analyst=self.analyst,
-            ledger_entry=entry.seq,
-        )
-
-    def _release_ranges(self, plan: QueryPlan, entry: LedgerEntry) -> QueryResult:
-        """NumericSparse over the public ranges, in the public table's order."""
-        ranges = plan.range_queries
-        assert ranges is not None
-        shape = plan.shape
-        groups = self.backend.run(public_groups(shape, self.backend.dialect))
-        counts = self.backend.run(
-            range_counts(
-                shape,
-                unit=plan.bounds.unit,
-                max_rows_per_unit=plan.bounds.max_rows_per_unit,
-                dialect=self.backend.dialect,
-            )
-        )
-        columns = list(shape.group_by)
-        merged = groups.merge(counts, on=columns, how="left")
-        answers = merged["m0"].fillna(0).to_numpy(dtype=np.int64)
-        released = svt.numeric_sparse_release(
-            answers,
-            threshold=ranges.threshold,
-            epsilon=ranges.svt.epsilon,
-            c=ranges.max_answers,
-            delta=plan.delta,
-            sensitivity=ranges.sensitivity,
-            monotone=True,
-            beta=1 - plan.confidence,
-            rng=self.rng,
-        )
-        value_scale = ranges.svt.value_scale
-        assert value_scale is not None and released.values is not None
-        half = interval_half_width(value_scale, plan.confidence)
-        count_name = shape.having.name if shape.having is not None else "COUNT(*)"
-        rows = []
-        for index, value in zip(released.indices, released.values, strict=True):
-            keys = {c: _plain(merged[c].iloc[index]) for c in columns}
-            rows.append(
-                tuple(
-                    keys.get(o.column) if isinstance(o, GroupKey) else int(value)
-                    for o in shape.outputs
-                )
-            )
-        return QueryResult(
-            columns=list(shape.column_names),
-            rows=rows,
-            intervals={count_name: [(int(v) - half, int(v) + half) for v in released.values]},
-            noise_scale={count_name: float(value_scale)},
-            confidence=plan.confidence,
-            epsilon=entry.cost.epsilon,
-            delta=entry.cost.delta,
-            mechanism=plan.mechanism,
-            analyst=self.analyst,
-            ledger_entry=entry.seq,
-            details={
-                "ranges_scanned": released.queries_scanned,
-                "ranges_in_table": len(merged),
-                "halted_at_max_answers": released.halted,
-                "max_answers": ranges.max_answers,
-                "threshold": ranges.threshold,
-                "alpha": released.alpha,
-                "beta": released.beta,
-                "accuracy": "with probability >= 1 - beta: a reported range has count >= "
-                "threshold - alpha, an unreported scanned range count <= threshold + alpha, and "
-                "each released value is within alpha of its count",
-            },
-        )
-
-    def _aligned(self, plan: QueryPlan, frame: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple]]:
-        """True aggregates for every public key combination (absent keys count zero)."""
-        group_by = list(plan.shape.group_by)
-        names = [m.measure.name for m in plan.measurements]
-        if not group_by:
-            if frame.empty:
-                frame = pd.DataFrame({n: [0] for n in names})
-            return frame[names].astype("int64"), [()]
-        domains = []
-        for column in group_by:
-            values = list(plan.key_domain[column])
-            if plan.shape.columns[column] in (ColumnKind.DATE, ColumnKind.TIMESTAMP):
-                frame[column] = pd.to_datetime(frame[column])
-                values = [pd.Timestamp(v) for v in values]
-            domains.append(values)
-        if len(domains) == 1:
-            index = pd.Index(domains[0], name=group_by[0])
-        else:
-            index = pd.MultiIndex.from_product(domains, names=group_by)
-        aligned = frame.set_index(group_by)[names].reindex(index, fill_value=0).astype("int64")
-        keys = [
-            tuple(_plain(v) for v in (k if isinstance(k, tuple) else (k,))) for k in index.to_list()
-        ]
-        return aligned, keys
-
-    def _release(self, plan: QueryPlan, frame: pd.DataFrame, entry: LedgerEntry) -> QueryResult:
-        aligned, keys = self._aligned(plan, frame)
-        confidence = plan.confidence
-        noisy: dict[str, np.ndarray] = {}
-        intervals: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-        scales: dict[str, float] = {}
-        half_widths_for_ratio: dict[str, float] = {}
-        for m in plan.measurements:
-            exact = aligned[m.measure.name].to_numpy()
-            if m.measure.kind is MeasureKind.SUM:
-                release = release_grid_sums(
-                    exact,
-                    epsilon=m.epsilon,
-                    sensitivity_units=m.sensitivity_units,
-                    grid=m.grid,
-                    rng=self.rng,
-                    confidence=confidence,
-                )
-            else:
-                release = release_counts(
-                    exact,
-                    epsilon=m.epsilon,
-                    sensitivity=m.sensitivity_units,
-                    rng=self.rng,
-                    confidence=confidence,
-                )
-            noisy[m.label] = release.values
-            lower, upper = release.lower, release.upper
-            if m.measure.kind is not MeasureKind.SUM:
-                lower, upper = lower.astype(np.int64), upper.astype(np.int64)
-            intervals[m.label] = (lower, upper)
-            scales[m.label] = release.scale
-            half_widths_for_ratio[m.label] = (
-                interval_half_width(m.scale, (1 + confidence) / 2) * m.grid
-            )
-
-        columns: dict[str, list[Any]] = {}
-        result_intervals: dict[str, list[tuple[float, float]]] = {}
-        result_scales: dict[str, float] = {}
-        for output in plan.shape.outputs:
-            if isinstance(output, GroupKey):
-                index = plan.shape.group_by.index(output.column)
-                columns[output.name] = [k[index] for k in keys]
-                continue
-            if output.kind is AggregateKind.COUNT:
-                label = next(
-                    m.label
-                    for m in plan.measurements
-                    if m.measure.column == output.column
-                    and m.measure.clamp is None
-                    and m.measure.kind is not MeasureKind.SUM
-                )
-            else:
-                label = f"SUM({output.column})"
-            if output.kind is AggregateKind.AVG:
-                low, high = plan.table.column(output.column or "").bounds  # type: ignore[misc]
-                count_label = f"COUNT({output.column}) within bounds"
-                values, lower, upper = _ratio(
-                    noisy[label],
-                    noisy[count_label],
-                    half_widths_for_ratio[label],
-                    half_widths_for_ratio[count_label],
-                    low,
-                    high,
-                )
-                result_scales[output.name] = float("nan")
-            else:
-                values = noisy[label]
-                lower, upper = intervals[label]
-                result_scales[output.name] = scales[label]
-            columns[output.name] = [_plain(v) for v in values]
-            result_intervals[output.name] = [
-                (_plain(a), _plain(b)) for a, b in zip(lower, upper, strict=True)
-            ]
-        names = list(plan.shape.column_names)
-        rows = list(zip(*(columns[n] for n in names), strict=True))
-        rows, result_intervals = _having(plan, names, rows, result_intervals)
-        return QueryResult(
-            columns=names,
-            rows=rows,
-            intervals=result_intervals,
-            noise_scale=result_scales,
-            confidence=confidence,
-            epsilon=entry.cost.epsilon,
-            delta=entry.cost.delta,
-            mechanism=MECHANISM,
             analyst=self.analyst,
             ledger_entry=entry.seq,
         )
@@ -776,55 +552,6 @@ def database_synopses(database: str | Path) -> list[dict[str, Any]]:
         return [s.describe() for s in store.all()]
     finally:
         store.close()
-
-
-def _having(
-    plan: QueryPlan,
-    names: list[str],
-    rows: list[tuple[Any, ...]],
-    intervals: dict[str, list[tuple[Any, Any]]],
-) -> tuple[list[tuple[Any, ...]], dict[str, list[tuple[Any, Any]]]]:
-    """Keep the rows whose noisy COUNT(*) passes HAVING (post-processing of released values)."""
-    having = plan.shape.having
-    if having is None:
-        return rows, intervals
-    position = names.index(having.name)
-    keep = [i for i, row in enumerate(rows) if row[position] >= having.integer_threshold]
-    return [rows[i] for i in keep], {k: [v[i] for i in keep] for k, v in intervals.items()}
-
-
-def _ratio(
-    sums: np.ndarray,
-    counts: np.ndarray,
-    sum_half: float,
-    count_half: float,
-    low: float,
-    high: float,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """AVG = noisy SUM / noisy COUNT, clamped to the bounds; the interval joins the two
-    (1+c)/2 intervals (union bound), so it covers with probability at least c."""
-    values = np.clip(sums / np.maximum(counts, 1), low, high)
-    count_low = counts - count_half
-    count_high = counts + count_half
-    corners = np.stack(
-        [
-            (sums + s) / c
-            for s in (-sum_half, sum_half)
-            for c in (np.maximum(count_low, 1), np.maximum(count_high, 1))
-        ]
-    )
-    lower = np.where(count_low >= 1, np.clip(corners.min(axis=0), low, high), low)
-    upper = np.where(count_low >= 1, np.clip(corners.max(axis=0), low, high), high)
-    return values, lower, upper
-
-
-def _plain(value: Any) -> Any:
-    """NumPy and pandas scalars as plain Python values (dates as ISO strings)."""
-    if isinstance(value, pd.Timestamp):
-        return value.isoformat() if value.time() != dt.time() else value.date().isoformat()
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
 
 
 def connect(

@@ -1,0 +1,326 @@
+"""Turning a plan and the database's aggregated rows into a released, noised answer.
+
+Everything here runs after the charge: it adds noise with the plan's mechanism, computes intervals,
+applies HAVING to released values (post-processing) and wraps the result. Nothing reads the
+database or the ledger.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dpsql.accountant.ledger import LedgerEntry
+from dpsql.engine.planner import MECHANISM, QueryPlan
+from dpsql.engine.results import QueryResult
+from dpsql.mechanisms import combined, svt, threshold
+from dpsql.mechanisms.combined import CombinedRelease
+from dpsql.mechanisms.laplace import interval_half_width, release_counts, release_grid_sums
+from dpsql.sql.generate import MeasureKind
+from dpsql.sql.shape import AggregateKind, ColumnKind, GroupKey
+
+__all__ = ["ALP_ROWS_PER_KEY", "key_answer", "laplace_answer", "plain", "range_answer"]
+
+ALP_ROWS_PER_KEY = 10
+"""Sketch rows per expected key: collision probability about 0.1 (the paper's Fig. 3 setting)."""
+
+
+def _aligned(plan: QueryPlan, frame: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple]]:
+    """True aggregates for every public key combination (absent keys count zero)."""
+    group_by = list(plan.shape.group_by)
+    names = [m.measure.name for m in plan.measurements]
+    if not group_by:
+        if frame.empty:
+            frame = pd.DataFrame({n: [0] for n in names})
+        return frame[names].astype("int64"), [()]
+    domains = []
+    for column in group_by:
+        values = list(plan.key_domain[column])
+        if plan.shape.columns[column] in (ColumnKind.DATE, ColumnKind.TIMESTAMP):
+            frame[column] = pd.to_datetime(frame[column])
+            values = [pd.Timestamp(v) for v in values]
+        domains.append(values)
+    if len(domains) == 1:
+        index = pd.Index(domains[0], name=group_by[0])
+    else:
+        index = pd.MultiIndex.from_product(domains, names=group_by)
+    aligned = frame.set_index(group_by)[names].reindex(index, fill_value=0).astype("int64")
+    keys = [tuple(plain(v) for v in (k if isinstance(k, tuple) else (k,))) for k in index.to_list()]
+    return aligned, keys
+
+
+def laplace_answer(
+    plan: QueryPlan,
+    frame: pd.DataFrame,
+    entry: LedgerEntry,
+    *,
+    rng: np.random.Generator,
+    analyst: str,
+) -> QueryResult:
+    """Discrete-Laplace answers for every public key combination, AVG intervals, HAVING."""
+    aligned, keys = _aligned(plan, frame)
+    confidence = plan.confidence
+    noisy: dict[str, np.ndarray] = {}
+    intervals: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    scales: dict[str, float] = {}
+    half_widths_for_ratio: dict[str, float] = {}
+    for m in plan.measurements:
+        exact = aligned[m.measure.name].to_numpy()
+        if m.measure.kind is MeasureKind.SUM:
+            release = release_grid_sums(
+                exact,
+                epsilon=m.epsilon,
+                sensitivity_units=m.sensitivity_units,
+                grid=m.grid,
+                rng=rng,
+                confidence=confidence,
+            )
+        else:
+            release = release_counts(
+                exact,
+                epsilon=m.epsilon,
+                sensitivity=m.sensitivity_units,
+                rng=rng,
+                confidence=confidence,
+            )
+        noisy[m.label] = release.values
+        lower, upper = release.lower, release.upper
+        if m.measure.kind is not MeasureKind.SUM:
+            lower, upper = lower.astype(np.int64), upper.astype(np.int64)
+        intervals[m.label] = (lower, upper)
+        scales[m.label] = release.scale
+        half_widths_for_ratio[m.label] = interval_half_width(m.scale, (1 + confidence) / 2) * m.grid
+
+    columns: dict[str, list[Any]] = {}
+    result_intervals: dict[str, list[tuple[float, float]]] = {}
+    result_scales: dict[str, float] = {}
+    for output in plan.shape.outputs:
+        if isinstance(output, GroupKey):
+            index = plan.shape.group_by.index(output.column)
+            columns[output.name] = [k[index] for k in keys]
+            continue
+        if output.kind is AggregateKind.COUNT:
+            label = next(
+                m.label
+                for m in plan.measurements
+                if m.measure.column == output.column
+                and m.measure.clamp is None
+                and m.measure.kind is not MeasureKind.SUM
+            )
+        else:
+            label = f"SUM({output.column})"
+        if output.kind is AggregateKind.AVG:
+            low, high = plan.table.column(output.column or "").bounds  # type: ignore[misc]
+            count_label = f"COUNT({output.column}) within bounds"
+            values, lower, upper = _ratio(
+                noisy[label],
+                noisy[count_label],
+                half_widths_for_ratio[label],
+                half_widths_for_ratio[count_label],
+                low,
+                high,
+            )
+            result_scales[output.name] = float("nan")
+        else:
+            values = noisy[label]
+            lower, upper = intervals[label]
+            result_scales[output.name] = scales[label]
+        columns[output.name] = [plain(v) for v in values]
+        result_intervals[output.name] = [
+            (plain(a), plain(b)) for a, b in zip(lower, upper, strict=True)
+        ]
+    names = list(plan.shape.column_names)
+    rows = list(zip(*(columns[n] for n in names), strict=True))
+    rows, result_intervals = _having(plan, names, rows, result_intervals)
+    return QueryResult(
+        columns=names,
+        rows=rows,
+        intervals=result_intervals,
+        noise_scale=result_scales,
+        confidence=confidence,
+        epsilon=entry.cost.epsilon,
+        delta=entry.cost.delta,
+        mechanism=MECHANISM,
+        analyst=analyst,
+        ledger_entry=entry.seq,
+    )
+
+
+def key_answer(
+    plan: QueryPlan,
+    frame: pd.DataFrame,
+    entry: LedgerEntry,
+    *,
+    rng: np.random.Generator,
+    analyst: str,
+) -> tuple[QueryResult, CombinedRelease | None]:
+    """Release the heavy keys of a GROUP BY without public keys; with the combined structure,
+    also return it (the caller stores it as a synopsis)."""
+    structure = None
+    spec = plan.key_release
+    assert spec is not None
+    column = spec.column
+    kind = plan.shape.columns[column]
+    keys = frame[column].to_numpy(dtype=object if kind is ColumnKind.STRING else np.int64)
+    counts = frame[plan.measurements[0].measure.name].to_numpy(dtype=np.int64)
+    common: dict[str, Any] = {
+        "epsilon": plan.epsilon,
+        "delta": spec.delta,
+        "domain": spec.domain,
+        "max_groups_per_unit": plan.bounds.max_groups_per_unit,
+        "max_rows_per_group": plan.bounds.max_rows_per_group,
+        "confidence": plan.confidence,
+        "rng": rng,
+    }
+    if spec.mechanism == "threshold":
+        released = threshold.release(keys, counts, **common)
+    else:
+        structure = combined.release(
+            keys,
+            counts,
+            s=ALP_ROWS_PER_KEY * spec.expected_keys,
+            seed=int(rng.integers(0, 2**63)),
+            **common,
+        )
+        released = structure.threshold
+    shown = [f"0x{int(k):016x}" if released.key_kind == "hash" else plain(k) for k in released.keys]
+    lower, upper = released.lower, released.upper
+    names = list(plan.shape.column_names)
+    by_output = {plan.shape.outputs[0].name: shown, plan.shape.outputs[1].name: released.values}
+    rows = [
+        tuple(plain(v) for v in row) for row in zip(*(by_output[n] for n in names), strict=True)
+    ]
+    count_name = next(o.name for o in plan.shape.outputs if not isinstance(o, GroupKey))
+    intervals = {count_name: [(plain(a), plain(b)) for a, b in zip(lower, upper, strict=True)]}
+    rows, intervals = _having(plan, names, rows, intervals)
+    result = QueryResult(
+        columns=names,
+        rows=rows,
+        intervals=intervals,
+        noise_scale={count_name: float(released.scale)},
+        confidence=plan.confidence,
+        epsilon=entry.cost.epsilon,
+        delta=entry.cost.delta,
+        mechanism=spec.mechanism,
+        analyst=analyst,
+        ledger_entry=entry.seq,
+    )
+    return result, structure
+
+
+def range_answer(
+    plan: QueryPlan,
+    groups: pd.DataFrame,
+    counts: pd.DataFrame,
+    entry: LedgerEntry,
+    *,
+    rng: np.random.Generator,
+    analyst: str,
+) -> QueryResult:
+    """NumericSparse over the public ranges (``groups``, in the public table's order) given
+    their bounded counts."""
+    ranges = plan.range_queries
+    assert ranges is not None
+    shape = plan.shape
+    columns = list(shape.group_by)
+    merged = groups.merge(counts, on=columns, how="left")
+    answers = merged["m0"].fillna(0).to_numpy(dtype=np.int64)
+    released = svt.numeric_sparse_release(
+        answers,
+        threshold=ranges.threshold,
+        epsilon=ranges.svt.epsilon,
+        c=ranges.max_answers,
+        delta=plan.delta,
+        sensitivity=ranges.sensitivity,
+        monotone=True,
+        beta=1 - plan.confidence,
+        rng=rng,
+    )
+    value_scale = ranges.svt.value_scale
+    assert value_scale is not None and released.values is not None
+    half = interval_half_width(value_scale, plan.confidence)
+    count_name = shape.having.name if shape.having is not None else "COUNT(*)"
+    rows = []
+    for index, value in zip(released.indices, released.values, strict=True):
+        keys = {c: plain(merged[c].iloc[index]) for c in columns}
+        rows.append(
+            tuple(
+                keys.get(o.column) if isinstance(o, GroupKey) else int(value) for o in shape.outputs
+            )
+        )
+    return QueryResult(
+        columns=list(shape.column_names),
+        rows=rows,
+        intervals={count_name: [(int(v) - half, int(v) + half) for v in released.values]},
+        noise_scale={count_name: float(value_scale)},
+        confidence=plan.confidence,
+        epsilon=entry.cost.epsilon,
+        delta=entry.cost.delta,
+        mechanism=plan.mechanism,
+        analyst=analyst,
+        ledger_entry=entry.seq,
+        details={
+            "ranges_scanned": released.queries_scanned,
+            "ranges_in_table": len(merged),
+            "halted_at_max_answers": released.halted,
+            "max_answers": ranges.max_answers,
+            "threshold": ranges.threshold,
+            "alpha": released.alpha,
+            "beta": released.beta,
+            "accuracy": "with probability >= 1 - beta: a reported range has count >= "
+            "threshold - alpha, an unreported scanned range count <= threshold + alpha, and "
+            "each released value is within alpha of its count",
+        },
+    )
+
+
+def _having(
+    plan: QueryPlan,
+    names: list[str],
+    rows: list[tuple[Any, ...]],
+    intervals: dict[str, list[tuple[Any, Any]]],
+) -> tuple[list[tuple[Any, ...]], dict[str, list[tuple[Any, Any]]]]:
+    """Keep the rows whose noisy COUNT(*) passes HAVING (post-processing of released values)."""
+    having = plan.shape.having
+    if having is None:
+        return rows, intervals
+    position = names.index(having.name)
+    keep = [i for i, row in enumerate(rows) if row[position] >= having.integer_threshold]
+    return [rows[i] for i in keep], {k: [v[i] for i in keep] for k, v in intervals.items()}
+
+
+def _ratio(
+    sums: np.ndarray,
+    counts: np.ndarray,
+    sum_half: float,
+    count_half: float,
+    low: float,
+    high: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """AVG = noisy SUM / noisy COUNT, clamped to the bounds; the interval joins the two
+    (1+c)/2 intervals (union bound), so it covers with probability at least c."""
+    values = np.clip(sums / np.maximum(counts, 1), low, high)
+    count_low = counts - count_half
+    count_high = counts + count_half
+    corners = np.stack(
+        [
+            (sums + s) / c
+            for s in (-sum_half, sum_half)
+            for c in (np.maximum(count_low, 1), np.maximum(count_high, 1))
+        ]
+    )
+    lower = np.where(count_low >= 1, np.clip(corners.min(axis=0), low, high), low)
+    upper = np.where(count_low >= 1, np.clip(corners.max(axis=0), low, high), high)
+    return values, lower, upper
+
+
+def plain(value: Any) -> Any:
+    """NumPy and pandas scalars as plain Python values (dates as ISO strings)."""
+    if isinstance(value, pd.Timestamp):
+        return value.isoformat() if value.time() != dt.time() else value.date().isoformat()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
