@@ -164,6 +164,8 @@ def key_answer(
     assert spec is not None
     column = spec.column
     kind = plan.shape.columns[column]
+    # The database returns groups in any order; sort so a seeded generator reproduces a release.
+    frame = frame.sort_values(column, kind="stable", ignore_index=True)
     keys = frame[column].to_numpy(dtype=object if kind is ColumnKind.STRING else np.int64)
     counts = frame[plan.measurements[0].measure.name].to_numpy(dtype=np.int64)
     common: dict[str, Any] = {

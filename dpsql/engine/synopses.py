@@ -114,7 +114,7 @@ class SynopsisStore:
         """The newest synopsis built for exactly this table, key column and filters."""
         row = self._connection.execute(
             "SELECT * FROM synopses WHERE lower(source_table) = lower(?) AND key_column = ? "
-            "AND filters = ? ORDER BY created DESC, name DESC LIMIT 1",
+            "AND filters = ? ORDER BY created DESC, ledger_entry DESC LIMIT 1",
             (table, column, json.dumps(list(filters))),
         ).fetchone()
         return None if row is None else _synopsis(row)

@@ -133,3 +133,14 @@ def test_explain_names_the_mechanism_without_charging(database: Path) -> None:
         assert report["plan"]["mechanism"] == "threshold"
         assert report["cost"] == {"epsilon": 1.0, "delta": 1e-6}
     assert len(database_ledger(database)) == 1
+
+
+def test_a_seeded_release_is_reproducible(database: Path) -> None:
+    def release() -> list[tuple]:
+        with dpsql.connect(database, analyst="a", rng=np.random.default_rng(9)) as db:
+            result = db.execute(
+                "SELECT url, COUNT(*) FROM hits GROUP BY url", epsilon=1, delta=1e-6
+            )
+        return sorted(result.rows)
+
+    assert release() == release()
