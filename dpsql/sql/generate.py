@@ -124,9 +124,9 @@ def _salted_order(keys: Sequence[str], kinds: Sequence[ColumnKind], salt: int) -
     is not Spark's murmur3 ``HASH``), so the order uses portable arithmetic: integer and boolean
     keys are mixed modulo ``2**31 - 1`` with multipliers derived from the salt (a few integer
     operations per cell); other keys (strings, dates, decimals, ...) by the MD5 of their text,
-    computed once per distinct key. Ties are broken by the keys themselves. Float keys print
-    differently on some engines (DuckDB ``1e+20``, Spark ``1.0E20``), so their order may differ
-    between engines.
+    computed once per distinct key (the window then sorts each key's rank in that order). Ties
+    are broken by the keys themselves. Float keys print differently on some engines (DuckDB
+    ``1e+20``, Spark ``1.0E20``), so their order may differ between engines.
 
     >>> _salted_order(["__key0"], [ColumnKind.STRING], 7)
     "MD5('7' || '|' || CAST(__key0 AS VARCHAR))"
@@ -172,7 +172,8 @@ def bounded_aggregate(
         for i, m in enumerate(measures)
         if m.kind is not MeasureKind.ROWS
     ]
-    conditions = []
+    # A row without a privacy unit cannot be bounded per person: it is left out.
+    conditions = [f"{_identifier(bounds.unit)} IS NOT NULL"]
     if shape.where is not None:
         conditions.append(f"({shape.where.sql(dialect='duckdb')})")
     for column in shape.group_by:
@@ -223,10 +224,12 @@ def bounded_aggregate(
         kinds = [shape.columns[c] for c in shape.group_by]
         order, ordered = _salted_order(keys, kinds, salt), "cells"
         if not _integral(kinds):
-            # The MD5 order once per distinct key rather than once per cell.
+            # MD5 once per distinct key rather than once per cell, and the window sorts an
+            # integer: the key's rank in (MD5, key) order, which orders any two keys exactly as
+            # (MD5, key) does, whatever other keys the data holds.
             ctes.append(
-                f"orders AS (SELECT {key_list}, {order} AS __order "
-                f"FROM (SELECT DISTINCT {key_list} FROM cells) AS __keys)"
+                f"orders AS (SELECT {key_list}, ROW_NUMBER() OVER (ORDER BY {order}, {key_list}) "
+                f"AS __order FROM (SELECT DISTINCT {key_list} FROM cells) AS __keys)"
             )
             on = " AND ".join(f"cells.{k} = orders.{k}" for k in keys)
             ctes.append(
@@ -237,9 +240,24 @@ def bounded_aggregate(
             f"OVER (PARTITION BY __unit ORDER BY {order}, {key_list} "
             "ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
         )
+        # Only units that could exceed a bound need the window (usually few): the others keep
+        # every cell as it is (rank 1, nothing handed out before them).
+        heavy = [f"COUNT(*) > {int(bounds.max_groups_per_unit)}"]
+        if cap_unit:
+            heavy.append(f"SUM({kept}) > {int(bounds.max_rows_per_unit)}.0")
         ctes.append(
-            f"ranked AS (SELECT *, ROW_NUMBER() {window} AS __group_rank, "
-            f"SUM({kept}) {window} AS __rows_through FROM {ordered})"
+            f"heavy AS (SELECT __unit FROM cells GROUP BY __unit HAVING {' OR '.join(heavy)})"
+        )
+        columns = ", ".join(
+            ["__unit", *keys, "__rows", *(f"__cell{i}" for i in range(len(measures)))]
+        )
+        ctes.append(
+            f"ranked AS (SELECT {columns}, ROW_NUMBER() {window} AS __group_rank, "
+            f"SUM({kept}) {window} AS __rows_through FROM {ordered} "
+            "WHERE __unit IN (SELECT __unit FROM heavy) "
+            f"UNION ALL SELECT {columns}, 1 AS __group_rank, {kept} AS __rows_through "
+            "FROM cells WHERE NOT EXISTS "
+            "(SELECT 1 FROM heavy WHERE heavy.__unit = cells.__unit))"
         )
         previous = f"ranked WHERE __group_rank <= {int(bounds.max_groups_per_unit)}"
         if cap_unit:
