@@ -1,4 +1,5 @@
-"""The backend seam: where the generated SQL runs. DuckDB (embedded) is the default.
+"""The backend seam: where the generated SQL runs. DuckDB (embedded) is the default; Spark is in
+``dpsql.engine.spark``.
 
 A backend answers two questions: what tables and column types exist (metadata, read before
 charging), and what a generated, already-charged query returns. It never sees the user's SQL.
@@ -6,13 +7,19 @@ charging), and what a generated, already-charged query returns. It never sees th
 
 from __future__ import annotations
 
+import re
+import tempfile
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol
 
 import duckdb
 import pandas as pd
+from sqlglot import exp
 
-from dpsql.errors import ExecutionError, ParameterError
+from dpsql.engine.policy import Policy
+from dpsql.engine.sources import FileSource, allowed_files, policy_sources
+from dpsql.errors import ExecutionError, ParameterError, PolicyError
 
 __all__ = ["DUCKDB_CONFIG", "Backend", "DuckDBBackend"]
 
@@ -41,35 +48,149 @@ class Backend(Protocol):
 
 
 class DuckDBBackend:
-    """A DuckDB database file opened read-only, with external file and network access disabled.
+    """A DuckDB database opened read-only, with external file and network access disabled.
 
-    The catalog is read once per backend: a read-only connection sees a fixed snapshot.
+    ``path`` is a database file (``None``: an empty in-memory database). ``sources`` are Parquet
+    or CSV files exposed as views named after their tables (see ``dpsql.engine.sources``); DuckDB
+    is told their exact paths (``allowed_paths``) before external access is switched off and the
+    configuration locked, so those files, and no others, stay readable. ``register`` adds pandas
+    DataFrames and Arrow tables from Python.
+
+    The catalog is read once per backend (and again after ``register``): a read-only connection
+    sees a fixed snapshot, and the source files are listed when the backend opens.
     """
 
     dialect = "duckdb"
 
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
+    def __init__(
+        self,
+        path: str | Path | None = None,
+        *,
+        sources: Iterable[FileSource] = (),
+        memory_limit: str | None = None,
+    ):
+        self.path = Path(path) if path is not None else None
+        self.sources = tuple(sources)
         self._catalog: dict[str, dict[str, str]] | None = None
-        if not self.path.is_file():
+        self._registered: dict[str, object] = {}
+        self._spill: tempfile.TemporaryDirectory[str] | None = None
+        if self.path is not None and not self.path.is_file():
             raise ParameterError(f"database file {str(self.path)!r} does not exist")
+        config = dict(DUCKDB_CONFIG)
+        if memory_limit is not None:
+            if not _MEMORY.fullmatch(memory_limit):
+                raise ParameterError(f"memory_limit must look like '6GB', got {memory_limit!r}")
+            # Beyond the limit DuckDB spills to a private temporary directory, removed on close.
+            self._spill = tempfile.TemporaryDirectory(prefix="dpsql-spill-")
+            config |= {"memory_limit": memory_limit, "temp_directory": self._spill.name}
         try:
-            self._connection = duckdb.connect(
-                str(self.path),
-                read_only=True,
-                config=dict(DUCKDB_CONFIG),
-            )
-            self._connection.execute("SET lock_configuration = true")
+            if self.path is not None and not self.sources:
+                self._connection = self._open_file(self.path, config)
+            else:
+                self._connection = self._open_with_sources(config)
+        except BaseException:
+            self._remove_spill()
+            raise
+        if self.sources:
+            self._check_sources_are_new()
+
+    @classmethod
+    def for_policy(
+        cls, database: str | Path | None, policy: Policy, *, memory_limit: str | None = None
+    ) -> DuckDBBackend:
+        """The database with the policy's file sources attached. Without a database file (it
+        does not exist, or is ``None``), an in-memory database holds only the sources.
+
+        ``memory_limit`` (e.g. ``"6GB"``) caps DuckDB's memory; larger work spills to disk.
+        """
+        sources = policy_sources(policy, database)
+        if database is None or (sources and not Path(database).is_file()):
+            database = None
+        return cls(database, sources=sources, memory_limit=memory_limit)
+
+    @staticmethod
+    def _open_file(path: Path, config: dict[str, object]) -> duckdb.DuckDBPyConnection:
+        try:
+            connection = duckdb.connect(str(path), read_only=True, config=config)
+            connection.execute("SET lock_configuration = true")
         except duckdb.ConnectionException:
             raise ExecutionError(
-                f"cannot open database {str(self.path)!r}: this process already has it open "
+                f"cannot open database {str(path)!r}: this process already has it open "
                 "with another configuration; close that connection, or open it with "
                 "read_only=True and dpsql.engine.backends.DUCKDB_CONFIG"
             ) from None
         except duckdb.Error as error:
             raise ExecutionError(
-                f"cannot open database {str(self.path)!r}: {type(error).__name__}"
+                f"cannot open database {str(path)!r}: {type(error).__name__}"
             ) from None
+        return connection
+
+    def _open_with_sources(self, config: dict[str, object]) -> duckdb.DuckDBPyConnection:
+        """A private in-memory DuckDB: the database file attached read-only, the source files
+        allowed by exact path, then external access off and the configuration locked.
+
+        DuckDB accepts ``allowed_paths`` only while external access is on, and refuses to turn
+        it back on once off, so nothing after this method can widen what is readable.
+        """
+        config = {k: v for k, v in config.items() if k != "enable_external_access"}
+        connection = duckdb.connect(":memory:", config=config)
+        step = "open an in-memory database"
+        try:
+            if self.path is not None:
+                step = f"attach {str(self.path)!r} read-only"
+                connection.execute(f"ATTACH {_string(str(self.path))} AS {_ATTACHED} (READ_ONLY)")
+                connection.execute(f"USE {_ATTACHED}")
+            files = allowed_files(self.sources)
+            if files:
+                step = "allow the source files"
+                connection.execute(f"SET allowed_paths = [{', '.join(_string(f) for f in files)}]")
+            connection.execute("SET enable_external_access = false")
+            for source in self.sources:
+                step = f"read the source of table {source.table!r}"
+                connection.execute(
+                    f"CREATE TEMP VIEW {_quoted(source.table)} AS "
+                    f"SELECT * FROM {source.duckdb_scan()}"
+                )
+            connection.execute("SET lock_configuration = true")
+        except duckdb.Error as error:
+            connection.close()
+            # The message may quote file contents (CSV sniffing); report only the error class.
+            raise ExecutionError(f"cannot {step}: {type(error).__name__}") from None
+        return connection
+
+    def _check_sources_are_new(self) -> None:
+        rows = self._connection.execute(
+            "SELECT table_name FROM information_schema.tables WHERE table_schema = 'main' "
+            "AND table_catalog = current_database()"
+        ).fetchall()
+        stored = {name.lower() for (name,) in rows}
+        for source in self.sources:
+            if source.table.lower() in stored:
+                self.close()
+                raise PolicyError(
+                    f"table {source.table!r} has a source in the policy and is also a table of "
+                    "the database; rename one of them"
+                )
+
+    def register(self, name: str, data: object) -> None:
+        """Expose a pandas DataFrame or an Arrow table as table ``name`` (scanned in place).
+
+        The object is read when queries run, so later changes to it are seen; do not change it
+        while a session uses it.
+        """
+        if not isinstance(name, str) or not name:
+            raise ParameterError(f"name must be a non-empty table name, got {name!r}")
+        if name.lower() in {table.lower() for table in self.catalog()}:
+            raise ParameterError(f"a table named {name!r} already exists; choose another name")
+        try:
+            self._connection.register(name, data)
+        except (duckdb.Error, TypeError, ValueError) as error:
+            raise ParameterError(
+                f"cannot register {type(data).__name__} as table {name!r}: "
+                f"{type(error).__name__} (pass a pandas DataFrame or an Arrow table)"
+            ) from None
+        self._registered[name] = data
+        self._catalog = None
 
     def catalog(self) -> dict[str, dict[str, str]]:
         if self._catalog is None:
@@ -79,7 +200,8 @@ class DuckDBBackend:
     def _read_catalog(self) -> dict[str, dict[str, str]]:
         rows = self._connection.execute(
             "SELECT table_name, column_name, data_type FROM information_schema.columns "
-            "WHERE table_schema = 'main' ORDER BY table_name, ordinal_position"
+            "WHERE table_schema = 'main' AND table_catalog IN (current_database(), 'temp') "
+            "ORDER BY table_name, ordinal_position"
         ).fetchall()
         tables: dict[str, dict[str, str]] = {}
         for table, column, type_name in rows:
@@ -98,3 +220,23 @@ class DuckDBBackend:
 
     def close(self) -> None:
         self._connection.close()
+        self._remove_spill()
+
+    def _remove_spill(self) -> None:
+        if self._spill is not None:
+            self._spill.cleanup()
+            self._spill = None
+
+
+_MEMORY = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
+
+_ATTACHED = "__dpsql_database"
+"""Catalog name of the database file inside a backend's private in-memory DuckDB."""
+
+
+def _string(value: str) -> str:
+    return exp.Literal.string(value).sql(dialect="duckdb")
+
+
+def _quoted(name: str) -> str:
+    return exp.to_identifier(name, quoted=True).sql(dialect="duckdb")

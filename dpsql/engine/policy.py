@@ -157,6 +157,16 @@ class TablePolicy(_Frozen):
         description="a fixed attribute of each unit; disjoint values compose in parallel",
     )
     columns: dict[Name, ColumnPolicy] = Field(default_factory=dict)
+    source: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=4096,
+        description="Parquet or CSV files (a path or glob, relative to the database's directory) "
+        "the table is read from, instead of a table in the database",
+    )
+    source_format: Literal["parquet", "csv"] | None = Field(
+        default=None, description="format of the source files (default: from their extension)"
+    )
 
     def column(self, name: str) -> ColumnPolicy:
         """The rules for ``name`` (no rules: counted and filtered only)."""

@@ -113,7 +113,7 @@ def set_policy(database: str | Path, policy: Policy | str | Path) -> LedgerEntry
         policy = load_policy(policy)
     elif isinstance(policy, str):
         policy = parse_policy(policy)
-    backend = DuckDBBackend(database)
+    backend = DuckDBBackend.for_policy(database, policy)
     try:
         _check_against_schema(policy, backend.catalog())
     finally:
@@ -157,11 +157,16 @@ class Session:
         self.database = Path(database)
         self.analyst = analyst
         self.dialect = dialect
-        self.backend = backend if backend is not None else DuckDBBackend(database)
+        if backend is None and not self.database.is_file() and not ledger_path(database).exists():
+            raise ParameterError(f"database file {str(database)!r} does not exist")
         self.rng = resolve_rng(rng)
         self._ledger = Ledger(ledger_path(database), dataset=self.database.stem)
         self.policy = self._load_policy()
         self._ledger.dataset = _dataset_name(database, self.policy)
+        # The policy may point tables at Parquet/CSV files: the backend exposes exactly those.
+        self.backend = (
+            backend if backend is not None else DuckDBBackend.for_policy(database, self.policy)
+        )
         if analyst not in self.policy.analysts:
             raise PolicyError(f"analyst {analyst!r} has no allocation in the policy")
 

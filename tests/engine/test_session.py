@@ -320,3 +320,28 @@ def test_queries_may_be_written_in_another_dialect(demo_db: Path, rng) -> None:
         pytest.raises(ParameterError, match="unknown SQL dialect"),
     ):
         db.execute("SELECT 1")
+
+
+def test_policy_file_sources_are_queried_through_connect(tmp_path: Path, rng) -> None:
+    frame = pd.DataFrame({"user_id": np.arange(300), "country": ["DK", "NO", "SE"] * 100})
+    (tmp_path / "lake").mkdir()
+    frame.iloc[:150].to_parquet(tmp_path / "lake" / "part-1.parquet")
+    frame.iloc[150:].to_parquet(tmp_path / "lake" / "part-2.parquet")
+    policy = """
+[dataset]
+epsilon = 10.0
+[analysts.a]
+epsilon = 10.0
+[tables.visits]
+privacy_unit = "user_id"
+source = "lake/*.parquet"
+[tables.visits.columns.country]
+public_keys = ["DK", "NO", "SE"]
+"""
+    database = tmp_path / "lake.duckdb"  # no database file: the policy's files are the data
+    dpsql.set_policy(database, policy)
+    with dpsql.connect(database, analyst="a", rng=rng) as db:
+        result = db.execute("SELECT country, COUNT(*) FROM visits GROUP BY country", epsilon=5.0)
+        with pytest.raises(ExecutionError):
+            db.backend.run("SELECT * FROM read_csv('/etc/hostname')")
+    assert all(abs(n - 100) < 10 for _, n in result.rows)

@@ -1,0 +1,366 @@
+"""dpsql at scale: a generated Parquet table read in place, against raw DuckDB in the same run.
+
+Generates ``--rows`` rows (default 100M) as Parquet files inside DuckDB (no Python loop; in a
+child process, so the peak RSS reported below is the querying process's own), with a
+high-cardinality ``item`` key (log-uniform over ``--items`` values: a few heavy keys, a long tail)
+and a privacy unit ``user_id``. The policy points table ``events`` at the files (a glob); dpsql
+reads them through DuckDB without copying. For each query it prints median seconds of:
+
+- ``dpsql``: ``Session.execute`` end to end (parse, plan, charge the ledger, bounded SQL, noise);
+- ``bounded``: the same generated, contribution-bounded SQL run raw on DuckDB (the engine's
+  overhead is dpsql / bounded);
+- ``plain``: the plain aggregation without privacy (the price of bounding is bounded / plain).
+
+Queries: GROUP BY over public keys, a range count, a SUM, and (when the engine supports it) a
+GROUP BY over the high-cardinality key whose keys are released by thresholding, and with the
+combined threshold + ALP structure. Then the peak RSS of this process.
+
+``--spark`` instead runs the GROUP BY, range count and SUM on ``--spark-rows`` rows (default 2M)
+through sessions on the DuckDB and the Spark backend (local mode) with the same seed, and shows
+that the true aggregates before noise are identical, that the DP answers are identical too
+(same seed, same noise), and how many of the DP answers' 95% intervals hold the true value.
+
+    python benchmarks/bench_scale.py --rows 10000000
+    python benchmarks/bench_scale.py --spark
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pandas as pd
+
+import dpsql
+from dpsql.engine import session as session_module
+from dpsql.engine.backends import DuckDBBackend
+from dpsql.engine.planner import QueryPlan, plan_query
+from dpsql.engine.policy import Policy, parse_policy
+from dpsql.engine.sources import policy_sources
+from dpsql.errors import DpsqlError
+from dpsql.sql.analyze import analyze
+from dpsql.sql.generate import bounded_aggregate
+from dpsql.sql.parse import parse
+
+COUNTRIES = ["DK", "NO", "SE", "FI", "IS", "DE", "NL", "BE", "FR", "ES"]
+IN_LIST = ", ".join(f"'{c}'" for c in COUNTRIES)
+
+POLICY = f"""
+[dataset]
+epsilon = 1000000.0
+delta = 0.001
+[analysts.bench]
+epsilon = 1000000.0
+delta = 0.001
+[tables.events]
+privacy_unit = "user_id"
+source = "events/*.parquet"
+max_groups_per_unit = 5
+max_rows_per_group = 10
+max_rows_per_unit = 50
+[tables.events.columns.country]
+public_keys = {COUNTRIES!r}
+[tables.events.columns.bytes]
+bounds = [0, 100000]
+[tables.events.columns.item]
+expected_keys = 100000
+"""
+
+EPSILON, DELTA = 1.0, 1e-7
+CONFIDENCE = 0.95
+
+# name -> (dpsql SQL, plain SQL without privacy, extra execute() arguments)
+QUERIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "GROUP BY public keys": (
+        "SELECT country, COUNT(*) AS n FROM events GROUP BY country",
+        f"SELECT country, COUNT(*) AS n FROM events WHERE country IN ({IN_LIST}) GROUP BY country",
+        {},
+    ),
+    "range count": (
+        "SELECT COUNT(*) AS n FROM events WHERE age BETWEEN 30 AND 50",
+        "SELECT COUNT(*) AS n FROM events WHERE age BETWEEN 30 AND 50",
+        {},
+    ),
+    "SUM": (
+        "SELECT SUM(bytes) AS s FROM events",
+        "SELECT SUM(LEAST(GREATEST(bytes, 0), 100000)) AS s FROM events",
+        {},
+    ),
+    "GROUP BY item (threshold)": (
+        "SELECT item, COUNT(*) AS n FROM events GROUP BY item",
+        "SELECT item, COUNT(*) AS n FROM events GROUP BY item",
+        {"delta": DELTA, "mechanism": "threshold"},
+    ),
+    "GROUP BY item (combined)": (
+        "SELECT item, COUNT(*) AS n FROM events GROUP BY item",
+        "SELECT item, COUNT(*) AS n FROM events GROUP BY item",
+        {"delta": DELTA, "mechanism": "alp"},
+    ),
+}
+SPARK_QUERIES = ["GROUP BY public keys", "range count", "SUM"]
+
+
+def generate(directory: Path, rows: int, users: int, items: int) -> None:
+    """Write ``rows`` rows as Parquet files under ``directory/events`` (DuckDB, parallel)."""
+    (directory / "events").mkdir(parents=True, exist_ok=True)
+    connection = duckdb.connect()
+    connection.execute(
+        f"""
+        COPY (
+            SELECT (hash(i) % {users})::BIGINT AS user_id,
+                   ({COUNTRIES!r})[1 + (hash(i * 7) % 10)::INTEGER] AS country,
+                   (18 + hash(i * 13) % 60)::INTEGER AS age,
+                   (hash(i * 31) % 200000)::BIGINT AS bytes,
+                   (floor(pow({items}, (hash(i * 37) % 1000000) / 1000000.0)) - 1)::BIGINT
+                       AS item
+            FROM range({rows}) AS t(i)
+        ) TO '{directory / "events"}' (FORMAT parquet, PER_THREAD_OUTPUT true, OVERWRITE true)
+        """
+    )
+    connection.close()
+
+
+def set_policy(database: Path, policy: Policy) -> None:
+    """``dpsql.set_policy`` with the schema checked against the policy's file sources.
+
+    Until ``set_policy`` opens ``DuckDBBackend.for_policy`` itself, the plain ``DuckDBBackend``
+    it opens is swapped, for this call, for one that attaches the policy's sources.
+    """
+
+    class WithSources(DuckDBBackend):
+        def __init__(self, path: Any = None, *, sources: Any = ()):
+            if not sources:
+                sources = policy_sources(policy, path)
+            exists = path is not None and Path(path).is_file()
+            super().__init__(path if exists else None, sources=sources)
+
+    original = session_module.DuckDBBackend
+    session_module.DuckDBBackend = WithSources  # type: ignore[misc]
+    try:
+        dpsql.set_policy(database, policy)
+    finally:
+        session_module.DuckDBBackend = original  # type: ignore[misc]
+
+
+def timed(function: Callable[[], object], repeats: int) -> float:
+    samples = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def _plan(sql: str, backend: Any, policy: Policy) -> QueryPlan:
+    return plan_query(analyze(parse(sql), backend.catalog()), policy, epsilon=EPSILON, delta=DELTA)
+
+
+def generated_sql(sql: str, backend: Any, policy: Policy, salt: int, dialect: str) -> str:
+    """The bounded aggregate dpsql sends for ``sql`` (the same plan and SQL as a session's)."""
+    plan = _plan(sql, backend, policy)
+    return bounded_aggregate(
+        plan.shape,
+        measures=[m.measure for m in plan.measurements],
+        bounds=plan.bounds,
+        public_keys=plan.key_literals,
+        salt=salt,
+        dialect=dialect,
+    )
+
+
+def peak_rss_gib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+
+
+def run_duckdb(directory: Path, repeats: int, queries: list[str], memory_limit: str | None) -> None:
+    database = directory / "bench"  # no database file: the Parquet files are the dataset
+    policy = parse_policy(POLICY)
+    set_policy(database, policy)
+    # The raw baseline: same files, same views, same memory limit, no dpsql on top.
+    raw = DuckDBBackend.for_policy(database, policy, memory_limit=memory_limit)
+    backend = DuckDBBackend.for_policy(database, policy, memory_limit=memory_limit)
+    with dpsql.Session(database, analyst="bench", backend=backend) as db:
+        print(
+            f"{'query':28} {'dpsql s':>8} {'bounded s':>10} {'plain s':>8} "
+            f"{'dpsql/bounded':>14} {'dpsql/plain':>12}"
+        )
+        for name in queries:
+            private, plain, options = QUERIES[name]
+            try:
+                db.execute(private, epsilon=EPSILON, **options)  # warm caches for all three
+            except DpsqlError as error:
+                print(f"{name:28} skipped: {type(error).__name__}: {error}")
+                continue
+            bounded = generated_sql(private, raw, policy, 12345, "duckdb")
+            raw.run(bounded)
+            raw.run(plain)
+            dp = timed(lambda q=private, o=options: db.execute(q, epsilon=EPSILON, **o), repeats)
+            base = timed(lambda q=bounded: raw.run(q), repeats)
+            plain_s = timed(lambda q=plain: raw.run(q), repeats)
+            print(
+                f"{name:28} {dp:8.2f} {base:10.2f} {plain_s:8.2f} "
+                f"{dp / base:13.2f}x {dp / plain_s:11.2f}x"
+            )
+    raw.close()
+    print(
+        f"peak RSS of this process (dpsql and the raw baselines): {peak_rss_gib():.2f} GiB; "
+        f"DuckDB memory_limit {memory_limit or 'default (80% of RAM)'} each"
+    )
+
+
+class Recording:
+    """A backend that keeps what the wrapped one returned: the true aggregates before noise."""
+
+    def __init__(self, backend: Any):
+        self.backend = backend
+        self.dialect = backend.dialect
+        self.frames: list[pd.DataFrame] = []
+
+    def catalog(self) -> dict[str, dict[str, str]]:
+        return self.backend.catalog()
+
+    def run(self, sql: str) -> pd.DataFrame:
+        frame = self.backend.run(sql)
+        self.frames.append(frame)
+        return frame
+
+    def close(self) -> None:
+        self.backend.close()
+
+
+def run_spark(directory: Path, threads: int) -> None:
+    from dpsql.engine.spark import SparkBackend, local_spark, spark_unavailable
+
+    reason = spark_unavailable()
+    if reason is not None:
+        sys.exit(f"--spark needs a local Spark: {reason}")
+    database = directory / "bench"
+    policy = parse_policy(POLICY)
+    set_policy(database, policy)
+    start = time.perf_counter()
+    spark = local_spark(threads)
+    print(f"Spark {spark.version} local[{threads}] started in {time.perf_counter() - start:.1f}s")
+    results: dict[str, list[Any]] = {}
+    truths: dict[str, list[pd.DataFrame]] = {}
+    seconds: dict[str, list[float]] = {}
+    for name, make in (
+        ("duckdb", lambda: DuckDBBackend.for_policy(database, policy)),
+        ("spark", lambda: SparkBackend.for_policy(database, policy, spark)),
+    ):
+        backend = Recording(make())
+        with dpsql.Session(
+            database, analyst="bench", backend=backend, rng=np.random.default_rng(2024)
+        ) as db:
+            results[name], seconds[name] = [], []
+            for query in SPARK_QUERIES:
+                begin = time.perf_counter()
+                results[name].append(db.execute(QUERIES[query][0], epsilon=EPSILON))
+                seconds[name].append(time.perf_counter() - begin)
+        truths[name] = backend.frames
+    catalog = DuckDBBackend.for_policy(database, policy)
+    grids = {q: _plan(QUERIES[q][0], catalog, policy).measurements[0].grid for q in SPARK_QUERIES}
+    catalog.close()
+    print(
+        f"{'query':22} {'duckdb s':>9} {'spark s':>8}  true aggregates  "
+        f"intervals holding the truth ({CONFIDENCE:.0%} each; duckdb, spark)"
+    )
+    for i, query in enumerate(SPARK_QUERIES):
+        on_duckdb, on_spark = (_sorted(truths[n][i]) for n in ("duckdb", "spark"))
+        grid = grids[query]
+        covered = [_covered(results[n][i], truths[n][i], grid) for n in ("duckdb", "spark")]
+        print(
+            f"{query:22} {seconds['duckdb'][i]:9.2f} {seconds['spark'][i]:8.2f}  "
+            f"{'identical' if on_duckdb.equals(on_spark) else 'DIFFERENT':15}  "
+            + ", ".join(f"{hit}/{n}" for hit, n in covered)
+        )
+        for name, truth in (("duckdb", on_duckdb), ("spark", on_spark)):
+            scale = grid if grid != 1.0 else 1  # sums come back in grid units
+            rows = [[*row[:-1], row[-1] * scale] for row in truth.to_numpy().tolist()]
+            print(f"    {name:6} true {rows}")
+            print(f"    {name:6} DP   {results[name][i].rows}")
+    spark.stop()
+
+
+def _sorted(frame: pd.DataFrame) -> pd.DataFrame:
+    """Rows sorted, values as plain comparable types."""
+    frame = frame.copy()
+    for column in frame.columns:
+        if frame[column].dtype.kind in "iu":
+            frame[column] = frame[column].astype("int64")
+        else:
+            frame[column] = frame[column].astype(str)
+    return frame.sort_values(list(frame.columns)).reset_index(drop=True)
+
+
+def _covered(result: Any, truth: pd.DataFrame, grid: float) -> tuple[int, int]:
+    """How many DP answers' intervals hold the true (bounded, unnoised) aggregate, of how many.
+
+    One aggregate per query; sums come back from the database in units of the noise grid.
+    """
+    keys = list(truth.columns[:-1])
+    values = {
+        tuple(str(v) for v in row[:-1]): float(row[-1]) * grid
+        for row in truth.itertuples(index=False)
+    }
+    column = result.columns[-1]
+    hits = sum(
+        low <= values.get(tuple(str(v) for v in row[: len(keys)]), 0.0) <= high
+        for row, (low, high) in zip(result.rows, result.intervals[column], strict=True)
+    )
+    return hits, len(result.rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=100_000_000)
+    parser.add_argument("--users", type=int, default=None, help="default: rows / 10")
+    parser.add_argument("--items", type=int, default=10_000_000, help="item key cardinality")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument(
+        "--queries", nargs="+", choices=list(QUERIES), default=list(QUERIES), metavar="QUERY"
+    )
+    parser.add_argument(
+        "--memory-limit",
+        default="3GB",
+        help="DuckDB memory_limit of each of the two DuckDB instances ('' for DuckDB's default)",
+    )
+    parser.add_argument("--spark", action="store_true", help="compare DuckDB and Spark backends")
+    parser.add_argument("--spark-rows", type=int, default=2_000_000)
+    parser.add_argument("--threads", type=int, default=2, help="Spark local[threads]")
+    parser.add_argument("--dir", type=Path, default=None, help="where to put the temp dir")
+    parser.add_argument("--generate-into", type=Path, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    rows = args.spark_rows if args.spark else args.rows
+    users = args.users or max(1, rows // 10)
+    if args.generate_into is not None:
+        generate(args.generate_into, rows, users, args.items)
+        return
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="dpsql-bench-") as name:
+        directory = Path(name)
+        start = time.perf_counter()
+        command = [sys.executable, __file__, "--generate-into", str(directory)]
+        command += ["--rows", str(rows), "--users", str(users), "--items", str(args.items)]
+        subprocess.run(command, check=True)
+        size = sum(p.stat().st_size for p in (directory / "events").glob("*.parquet"))
+        print(
+            f"generated {rows:,} rows ({users:,} users, {args.items:,} items) as "
+            f"{size / 2**30:.2f} GiB of Parquet in {time.perf_counter() - start:.1f}s"
+        )
+        if args.spark:
+            run_spark(directory, args.threads)
+        else:
+            run_duckdb(directory, args.repeats, args.queries, args.memory_limit or None)
+
+
+if __name__ == "__main__":
+    main()
