@@ -36,9 +36,7 @@ public bound on ``k`` is known. ``s`` is rounded up to a multiple of 64.
 
 from __future__ import annotations
 
-import json
 import math
-import struct
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
@@ -57,8 +55,10 @@ from dpsql.mechanisms.hashing import (
     fraction_in_open_unit,
     hash_keys,
     new_seed,
+    pack_header,
     positive_finite,
     positive_int,
+    unpack_header,
 )
 from dpsql.mechanisms.laplace import noise_scale, sample_discrete_laplace
 from dpsql.mechanisms.random import resolve_rng
@@ -275,18 +275,14 @@ class ALPSketch:
             "key_kind": self.key_kind,
             "noisy_key_count": self.noisy_key_count,
         }
-        encoded = json.dumps(header, sort_keys=True).encode()
-        return _MAGIC + struct.pack("<I", len(encoded)) + encoded + self.bits.tobytes()
+        return pack_header(_MAGIC, header) + self.bits.tobytes()
 
     @classmethod
     def from_bytes(cls, data: bytes) -> ALPSketch:
         """Inverse of :meth:`to_bytes`; ParameterError on anything malformed."""
         data = bytes(data)
-        if len(data) < 12 or data[:8] != _MAGIC:
-            raise ParameterError("data is not a serialized ALP sketch (bad magic)")
-        (length,) = struct.unpack("<I", data[8:12])
         try:
-            header = json.loads(data[12 : 12 + length])
+            header, body = unpack_header(data, _MAGIC, "ALP sketch")
             if header["format"] != "dpsql-alp" or header["version"] != _FORMAT_VERSION:
                 raise ParameterError(f"unsupported ALP format {header['format']!r}")
             if header["key_hash"] != KEY_HASH_SCHEME:
@@ -309,7 +305,7 @@ class ALPSketch:
                 m=m,
                 seed=check_seed(header["seed"]),
                 key_kind=kind,
-                bits=np.frombuffer(data, dtype=np.uint8, offset=12 + length),
+                bits=np.frombuffer(data, dtype=np.uint8, offset=body),
                 noisy_key_count=header["noisy_key_count"],
             )
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:

@@ -24,12 +24,14 @@ pseudo-random key hashes the per-bit collision probability of two keys is ≈ ``
 
 from __future__ import annotations
 
+import json
 import math
+import struct
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
 from numbers import Real
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import pandas as pd
@@ -44,7 +46,9 @@ __all__ = [
     "hash_keys",
     "mix64",
     "new_seed",
+    "pack_header",
     "seed_words",
+    "unpack_header",
 ]
 
 KEY_HASH_SCHEME = "dpsql-keyhash-v1"
@@ -209,3 +213,21 @@ def fraction_in_open_unit(name: str, value: object) -> float:
 def exact_fraction(value: float | Fraction) -> Fraction:
     """``value`` as an exact Fraction (floats convert exactly)."""
     return value if isinstance(value, Fraction) else Fraction(value)
+
+
+def pack_header(magic: bytes, header: dict[str, Any]) -> bytes:
+    """``magic`` (8 bytes), a little-endian length and the JSON header: how every serialized
+    release of this package starts; the body follows."""
+    encoded = json.dumps(header, sort_keys=True).encode()
+    return magic + struct.pack("<I", len(encoded)) + encoded
+
+
+def unpack_header(data: bytes, magic: bytes, what: str) -> tuple[dict[str, Any], int]:
+    """The header written by :func:`pack_header` and the offset of the body after it."""
+    if len(data) < 12 or data[:8] != magic:
+        raise ParameterError(f"data is not a serialized {what} (bad magic)")
+    (length,) = struct.unpack("<I", data[8:12])
+    header = json.loads(data[12 : 12 + length])
+    if not isinstance(header, dict):
+        raise ParameterError(f"malformed {what} header")
+    return header, 12 + length

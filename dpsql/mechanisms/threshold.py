@@ -35,9 +35,7 @@ candidate keys to match them.
 
 from __future__ import annotations
 
-import json
 import math
-import struct
 from dataclasses import dataclass
 from fractions import Fraction
 
@@ -52,8 +50,10 @@ from dpsql.mechanisms.hashing import (
     fraction_in_open_unit,
     hash_keys,
     new_seed,
+    pack_header,
     positive_finite,
     positive_int,
+    unpack_header,
 )
 from dpsql.mechanisms.laplace import interval_half_width, noise_scale, sample_discrete_laplace
 from dpsql.mechanisms.random import resolve_rng
@@ -321,23 +321,18 @@ class ThresholdRelease:
             "seed": self.seed,
             "mechanism": self.mechanism,
         }
-        head = json.dumps(header, sort_keys=True).encode()
         values = self.values.astype("<i8").tobytes()
-        return _MAGIC + struct.pack("<I", len(head)) + head + values + key_bytes
+        return pack_header(_MAGIC, header) + values + key_bytes
 
     @classmethod
     def from_bytes(cls, data: bytes) -> ThresholdRelease:
         """Inverse of :meth:`to_bytes`; ParameterError on anything malformed."""
         data = bytes(data)
-        if len(data) < 12 or data[:8] != _MAGIC:
-            raise ParameterError("data is not a serialized threshold release (bad magic)")
-        (length,) = struct.unpack("<I", data[8:12])
         try:
-            header = json.loads(data[12 : 12 + length])
+            header, body = unpack_header(data, _MAGIC, "threshold release")
             if header["format"] != "dpsql-threshold" or header["version"] != _FORMAT_VERSION:
                 raise ParameterError(f"unsupported threshold format {header['format']!r}")
             count, kind = int(header["count"]), header["key_kind"]
-            body = 12 + length
             values = np.frombuffer(data, dtype="<i8", count=count, offset=body).astype(np.int64)
             body += 8 * count
             if kind == "str":
