@@ -127,10 +127,7 @@ def set_policy(database: str | Path, policy: Policy | str | Path) -> LedgerEntry
 
 def show_policy(database: str | Path) -> Policy:
     """The policy in force for ``database``."""
-    path = ledger_path(database)
-    if not path.exists():
-        raise PolicyError(f"no privacy policy is set for {str(database)!r}")
-    ledger = Ledger(path, dataset=Path(database).stem)
+    ledger = _open_ledger(database)
     try:
         document = ledger.policy()
     finally:
