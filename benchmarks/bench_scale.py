@@ -9,6 +9,9 @@ reads them through DuckDB without copying. For each query it prints median secon
 - ``dpsql``: ``Session.execute`` end to end (parse, plan, charge the ledger, bounded SQL, noise);
 - ``bounded``: the same generated, contribution-bounded SQL run raw on DuckDB (the engine's
   overhead is dpsql / bounded);
+- ``floor``: the least any per-person contribution bound costs: the rows aggregated once per
+  (person, group), each cell capped, then summed per group, with no choice of which groups a
+  person keeps (a lower bound on bounded SQL, not a private query);
 - ``plain``: the plain aggregation without privacy (the price of bounding is bounded / plain).
 
 Queries: GROUP BY over public keys, a range count, a SUM, and (when the engine supports it) a
@@ -42,11 +45,9 @@ import numpy as np
 import pandas as pd
 
 import dpsql
-from dpsql.engine import session as session_module
 from dpsql.engine.backends import DuckDBBackend
 from dpsql.engine.planner import QueryPlan, plan_query
 from dpsql.engine.policy import Policy, parse_policy
-from dpsql.engine.sources import policy_sources
 from dpsql.errors import DpsqlError
 from dpsql.sql.analyze import analyze
 from dpsql.sql.generate import bounded_aggregate
@@ -79,31 +80,45 @@ expected_keys = 100000
 EPSILON, DELTA = 1.0, 1e-7
 CONFIDENCE = 0.95
 
-# name -> (dpsql SQL, plain SQL without privacy, extra execute() arguments)
-QUERIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+ITEM_FLOOR = (
+    "SELECT item, SUM(LEAST(n, 10)) FROM (SELECT user_id, item, COUNT(*) AS n FROM events "
+    "GROUP BY user_id, item) GROUP BY item"
+)
+"""The least any per-person contribution bound must do: one aggregation per (person, group)."""
+
+# name -> (dpsql SQL, plain SQL without privacy, the bounding floor, extra execute() arguments)
+QUERIES: dict[str, tuple[str, str, str, dict[str, Any]]] = {
     "GROUP BY public keys": (
         "SELECT country, COUNT(*) AS n FROM events GROUP BY country",
         f"SELECT country, COUNT(*) AS n FROM events WHERE country IN ({IN_LIST}) GROUP BY country",
+        "SELECT country, SUM(LEAST(n, 10)) FROM (SELECT user_id, country, COUNT(*) AS n "
+        f"FROM events WHERE country IN ({IN_LIST}) GROUP BY user_id, country) GROUP BY country",
         {},
     ),
     "range count": (
         "SELECT COUNT(*) AS n FROM events WHERE age BETWEEN 30 AND 50",
         "SELECT COUNT(*) AS n FROM events WHERE age BETWEEN 30 AND 50",
+        "SELECT SUM(LEAST(n, 50)) FROM (SELECT user_id, COUNT(*) AS n FROM events "
+        "WHERE age BETWEEN 30 AND 50 GROUP BY user_id)",
         {},
     ),
     "SUM": (
         "SELECT SUM(bytes) AS s FROM events",
         "SELECT SUM(LEAST(GREATEST(bytes, 0), 100000)) AS s FROM events",
+        "SELECT SUM(s * LEAST(n, 50) / n) FROM (SELECT user_id, COUNT(*) AS n, "
+        "SUM(LEAST(GREATEST(bytes, 0), 100000)) AS s FROM events GROUP BY user_id)",
         {},
     ),
     "GROUP BY item (threshold)": (
         "SELECT item, COUNT(*) AS n FROM events GROUP BY item",
         "SELECT item, COUNT(*) AS n FROM events GROUP BY item",
+        ITEM_FLOOR,
         {"delta": DELTA, "mechanism": "threshold"},
     ),
     "GROUP BY item (combined)": (
         "SELECT item, COUNT(*) AS n FROM events GROUP BY item",
         "SELECT item, COUNT(*) AS n FROM events GROUP BY item",
+        ITEM_FLOOR,
         {"delta": DELTA, "mechanism": "alp"},
     ),
 }
@@ -128,28 +143,6 @@ def generate(directory: Path, rows: int, users: int, items: int) -> None:
         """
     )
     connection.close()
-
-
-def set_policy(database: Path, policy: Policy) -> None:
-    """``dpsql.set_policy`` with the schema checked against the policy's file sources.
-
-    Until ``set_policy`` opens ``DuckDBBackend.for_policy`` itself, the plain ``DuckDBBackend``
-    it opens is swapped, for this call, for one that attaches the policy's sources.
-    """
-
-    class WithSources(DuckDBBackend):
-        def __init__(self, path: Any = None, *, sources: Any = ()):
-            if not sources:
-                sources = policy_sources(policy, path)
-            exists = path is not None and Path(path).is_file()
-            super().__init__(path if exists else None, sources=sources)
-
-    original = session_module.DuckDBBackend
-    session_module.DuckDBBackend = WithSources  # type: ignore[misc]
-    try:
-        dpsql.set_policy(database, policy)
-    finally:
-        session_module.DuckDBBackend = original  # type: ignore[misc]
 
 
 def timed(function: Callable[[], object], repeats: int) -> float:
@@ -185,31 +178,33 @@ def peak_rss_gib() -> float:
 def run_duckdb(directory: Path, repeats: int, queries: list[str], memory_limit: str | None) -> None:
     database = directory / "bench"  # no database file: the Parquet files are the dataset
     policy = parse_policy(POLICY)
-    set_policy(database, policy)
+    dpsql.set_policy(database, policy)
     # The raw baseline: same files, same views, same memory limit, no dpsql on top.
     raw = DuckDBBackend.for_policy(database, policy, memory_limit=memory_limit)
     backend = DuckDBBackend.for_policy(database, policy, memory_limit=memory_limit)
     with dpsql.Session(database, analyst="bench", backend=backend) as db:
         print(
-            f"{'query':28} {'dpsql s':>8} {'bounded s':>10} {'plain s':>8} "
-            f"{'dpsql/bounded':>14} {'dpsql/plain':>12}"
+            f"{'query':28} {'dpsql s':>8} {'bounded s':>10} {'floor s':>8} {'plain s':>8} "
+            f"{'dpsql/bounded':>14} {'dpsql/floor':>12} {'dpsql/plain':>12}"
         )
         for name in queries:
-            private, plain, options = QUERIES[name]
+            private, plain, floor, options = QUERIES[name]
             try:
-                db.execute(private, epsilon=EPSILON, **options)  # warm caches for all three
+                db.execute(private, epsilon=EPSILON, **options)  # warm caches for all four
             except DpsqlError as error:
                 print(f"{name:28} skipped: {type(error).__name__}: {error}")
                 continue
             bounded = generated_sql(private, raw, policy, 12345, "duckdb")
-            raw.run(bounded)
-            raw.run(plain)
+            for warm in (bounded, floor, plain):
+                raw.run(warm)
             dp = timed(lambda q=private, o=options: db.execute(q, epsilon=EPSILON, **o), repeats)
             base = timed(lambda q=bounded: raw.run(q), repeats)
+            floor_s = timed(lambda q=floor: raw.run(q), repeats)
             plain_s = timed(lambda q=plain: raw.run(q), repeats)
             print(
-                f"{name:28} {dp:8.2f} {base:10.2f} {plain_s:8.2f} "
-                f"{dp / base:13.2f}x {dp / plain_s:11.2f}x"
+                f"{name:28} {dp:8.2f} {base:10.2f} {floor_s:8.2f} {plain_s:8.2f} "
+                f"{dp / base:13.2f}x {dp / floor_s:11.2f}x {dp / plain_s:11.2f}x",
+                flush=True,
             )
     raw.close()
     print(
@@ -246,7 +241,7 @@ def run_spark(directory: Path, threads: int) -> None:
         sys.exit(f"--spark needs a local Spark: {reason}")
     database = directory / "bench"
     policy = parse_policy(POLICY)
-    set_policy(database, policy)
+    dpsql.set_policy(database, policy)
     start = time.perf_counter()
     spark = local_spark(threads)
     print(f"Spark {spark.version} local[{threads}] started in {time.perf_counter() - start:.1f}s")

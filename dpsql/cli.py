@@ -5,6 +5,7 @@ Errors dpsql raises on purpose print one line on stderr and exit with status 1 (
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 import click
 
 from dpsql.cli_output import console, db_option, print_csv, print_table
+from dpsql.cli_progress import ProgressDisplay
 from dpsql.cli_publish import register as register_publish
 from dpsql.engine import demo as demo_data
 from dpsql.engine.results import BudgetReport, QueryResult
@@ -46,6 +48,13 @@ _format = click.option(
     type=click.Choice(["table", "json", "csv"]),
     default="table",
     show_default=True,
+)
+_progress = click.option(
+    "--progress/--no-progress",
+    "show_progress",
+    default=None,
+    help="Show a progress bar on stderr while a long query runs [default: when stderr is a "
+    "terminal].",
 )
 
 
@@ -142,6 +151,7 @@ def policy_show(database: str) -> None:
 @_mechanism
 @_max_answers
 @_format
+@_progress
 @click.argument("sql")
 def query(
     database: str,
@@ -152,10 +162,17 @@ def query(
     mechanism: str | None,
     max_answers: int | None,
     output_format: str,
+    show_progress: bool | None,
     sql: str,
 ) -> None:
     """Answer SQL with differential privacy, charging the analyst's budget first."""
-    with connect(database, analyst=analyst, dialect=dialect) as session:
+    if show_progress is None:
+        show_progress = sys.stderr.isatty()
+    display = ProgressDisplay() if show_progress else None
+    with (
+        display if display is not None else contextlib.nullcontext(),
+        connect(database, analyst=analyst, dialect=dialect, progress=display) as session,
+    ):
         result = session.execute(
             sql, epsilon=epsilon, delta=delta, mechanism=mechanism, max_answers=max_answers
         )

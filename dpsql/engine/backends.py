@@ -18,6 +18,7 @@ import pandas as pd
 from sqlglot import exp
 
 from dpsql.engine.policy import Policy
+from dpsql.engine.progress import Progress, run_duckdb
 from dpsql.engine.sources import FileSource, allowed_files, policy_sources
 from dpsql.errors import ExecutionError, ParameterError, PolicyError
 
@@ -41,7 +42,11 @@ class Backend(Protocol):
         ...
 
     def run(self, sql: str) -> pd.DataFrame:
-        """Run generated SQL and return its (aggregated) rows."""
+        """Run generated SQL and return its (aggregated) rows.
+
+        A backend may also accept ``progress`` (a ``dpsql.engine.progress.Progress``) as a
+        keyword; the session passes it only to backends whose ``run`` names that parameter.
+        """
         ...
 
     def close(self) -> None: ...
@@ -112,6 +117,7 @@ class DuckDBBackend:
     def _open_file(path: Path, config: dict[str, object]) -> duckdb.DuckDBPyConnection:
         try:
             connection = duckdb.connect(str(path), read_only=True, config=config)
+            _track_progress(connection)
             connection.execute("SET lock_configuration = true")
         except duckdb.ConnectionException:
             raise ExecutionError(
@@ -151,6 +157,8 @@ class DuckDBBackend:
                     f"CREATE TEMP VIEW {_quoted(source.table)} AS "
                     f"SELECT * FROM {source.duckdb_scan()}"
                 )
+            step = "set up progress reporting"
+            _track_progress(connection)
             connection.execute("SET lock_configuration = true")
         except duckdb.Error as error:
             connection.close()
@@ -208,9 +216,13 @@ class DuckDBBackend:
             tables.setdefault(table, {})[column] = type_name
         return tables
 
-    def run(self, sql: str) -> pd.DataFrame:
+    def run(self, sql: str, progress: Progress | None = None) -> pd.DataFrame:
+        """Run generated SQL; with ``progress``, report DuckDB's estimate of how far it is
+        (the query then runs in a worker thread, see ``dpsql.engine.progress.run_duckdb``)."""
         try:
-            return self._connection.execute(sql).df()
+            if progress is None:
+                return self._connection.execute(sql).df()
+            return run_duckdb(self._connection, sql, progress)
         except duckdb.Error as error:
             # The message may quote row values; report only the error class.
             raise ExecutionError(
@@ -232,6 +244,19 @@ _MEMORY = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORE
 
 _ATTACHED = "__dpsql_database"
 """Catalog name of the database file inside a backend's private in-memory DuckDB."""
+
+
+def _track_progress(connection: duckdb.DuckDBPyConnection) -> None:
+    """Let ``query_progress`` report from a query's start, and never let DuckDB print its own bar.
+
+    These settings are per connection and cannot be given to ``duckdb.connect`` (they are not
+    global options) nor changed once the configuration is locked, so they are set just before.
+    With the defaults (``progress_bar_time`` 2000 ms, printing on) DuckDB 2.0's
+    ``query_progress`` stays at -1 however long the query runs.
+    """
+    connection.execute("SET enable_progress_bar = true")
+    connection.execute("SET enable_progress_bar_print = false")
+    connection.execute("SET progress_bar_time = 0")
 
 
 def _string(value: str) -> str:

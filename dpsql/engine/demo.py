@@ -117,6 +117,7 @@ def build_demo(path: str | Path, *, rows: int = 200_000, users: int = 20_000) ->
     frame["day"] = frame["day"].dt.date
     connection = duckdb.connect(str(path))
     try:
+        connection.execute("SET enable_progress_bar = false")  # the CLI draws its own
         connection.register("frame", frame)
         connection.execute("CREATE TABLE requests AS SELECT * FROM frame")
     finally:

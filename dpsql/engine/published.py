@@ -629,6 +629,7 @@ def _open_writable(database: str | Path) -> duckdb.DuckDBPyConnection:
         raise ParameterError(f"database file {str(path)!r} does not exist")
     try:
         connection = duckdb.connect(str(path), read_only=False, config=dict(DUCKDB_CONFIG))
+        connection.execute("SET enable_progress_bar = false")  # never print over the CLI's output
         connection.execute("SET lock_configuration = true")
     except duckdb.Error as error:
         raise ExecutionError(

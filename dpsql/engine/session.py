@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from dpsql.accountant.events import Event, PostProcessingEvent, total
 from dpsql.accountant.ledger import Ledger, LedgerEntry
@@ -25,6 +26,15 @@ from dpsql.engine.planner import (
     plan_query,
 )
 from dpsql.engine.policy import Policy, load_policy, parse_policy
+from dpsql.engine.progress import (
+    ADDING_NOISE,
+    DONE,
+    READING_DATA,
+    Progress,
+    accepts_progress,
+    no_progress,
+    relabel,
+)
 from dpsql.engine.results import BudgetReport, BudgetStatus, QueryResult
 from dpsql.engine.synopses import (
     PointQuery,
@@ -138,7 +148,12 @@ def show_policy(database: str | Path) -> Policy:
 
 
 class Session:
-    """An analyst's connection to one database and its ledger."""
+    """An analyst's connection to one database and its ledger.
+
+    ``progress`` (see ``dpsql.engine.progress``) is told the stages of ``execute`` after the
+    charge: "reading data" (with the backend's estimate when its ``run`` takes ``progress``),
+    then "building <mechanism> release" or "adding noise", then "done".
+    """
 
     def __init__(
         self,
@@ -148,6 +163,7 @@ class Session:
         dialect: str = "duckdb",
         backend: Backend | None = None,
         rng: np.random.Generator | None = None,
+        progress: Progress | None = None,
     ):
         if not isinstance(analyst, str) or not analyst:
             raise ParameterError(f"analyst must be a non-empty name, got {analyst!r}")
@@ -166,6 +182,8 @@ class Session:
         )
         if analyst not in self.policy.analysts:
             raise PolicyError(f"analyst {analyst!r} has no allocation in the policy")
+        self.progress = progress
+        self._backend_reports_progress = accepts_progress(self.backend.run)
 
     def _load_policy(self) -> Policy:
         document = self._ledger.policy()
@@ -299,9 +317,18 @@ class Session:
             mechanism=plan.mechanism,
             partition=plan.partition,
         )
+        progress = self.progress if self.progress is not None else no_progress
+
+        def read(generated: str, stage: str = READING_DATA) -> pd.DataFrame:
+            # Without a callback the backend is called exactly as before (DuckDB: no thread).
+            if self.progress is not None and self._backend_reports_progress:
+                return self.backend.run(generated, progress=relabel(progress, stage))
+            progress(stage, None)
+            return self.backend.run(generated)
+
         if plan.range_queries is not None:
-            groups = self.backend.run(public_groups(plan.shape, self.backend.dialect))
-            counts = self.backend.run(
+            groups = read(public_groups(plan.shape, self.backend.dialect), "reading groups")
+            counts = read(
                 range_counts(
                     plan.shape,
                     unit=plan.bounds.unit,
@@ -309,9 +336,13 @@ class Session:
                     dialect=self.backend.dialect,
                 )
             )
-            return range_answer(plan, groups, counts, entry, rng=self.rng, analyst=self.analyst)
+            progress(ADDING_NOISE, None)
+            answer = range_answer(plan, groups, counts, entry, rng=self.rng, analyst=self.analyst)
+            progress(DONE, 1.0)
+            return answer
         details: dict[str, Any] = {}
         if plan.auto_bounds is not None:
+            progress("choosing bounds", None)
             plan, details = self._with_automatic_bounds(plan)
         salt = int(self.rng.integers(0, 2**62))
         generated = bounded_aggregate(
@@ -322,13 +353,17 @@ class Session:
             salt=salt,
             dialect=self.backend.dialect,
         )
-        frame = self.backend.run(generated)
+        frame = read(generated)
         if plan.key_release is not None:
+            progress(f"building {plan.mechanism} release", None)
             answer, structure = key_answer(plan, frame, entry, rng=self.rng, analyst=self.analyst)
             if structure is not None:
                 self._store_synopsis(plan, entry, structure)
+            progress(DONE, 1.0)
             return answer
+        progress(ADDING_NOISE, None)
         result = laplace_answer(plan, frame, entry, rng=self.rng, analyst=self.analyst)
+        progress(DONE, 1.0)
         return result.model_copy(update={"details": details}) if details else result
 
     def _with_automatic_bounds(self, plan: QueryPlan) -> tuple[QueryPlan, dict[str, Any]]:
@@ -562,10 +597,12 @@ def connect(
     analyst: str,
     dialect: str = "duckdb",
     rng: np.random.Generator | None = None,
+    progress: Progress | None = None,
 ) -> Session:
     """Open a session on a DuckDB database file whose policy has been set.
 
     ``dialect`` is the SQL dialect the analyst writes in (any sqlglot dialect); ``rng`` a seeded
-    generator for reproducible tests (default: the secure generator).
+    generator for reproducible tests (default: the secure generator); ``progress`` is told the
+    stages of each ``execute`` (``dpsql.engine.progress``).
     """
-    return Session(database, analyst=analyst, dialect=dialect, rng=rng)
+    return Session(database, analyst=analyst, dialect=dialect, rng=rng, progress=progress)

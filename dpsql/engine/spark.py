@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 from dpsql.engine.policy import Policy
+from dpsql.engine.progress import READING_DATA, Progress
 from dpsql.engine.sources import FileSource, file_source, policy_sources
 from dpsql.errors import ExecutionError, ParameterError
 
@@ -197,16 +198,24 @@ class SparkBackend:
             }
         return self._catalog
 
-    def run(self, sql: str) -> pd.DataFrame:
+    def run(self, sql: str, progress: Progress | None = None) -> pd.DataFrame:
+        """Run generated SQL; with ``progress``, report "reading data" as unknown (``None``)
+        until Spark returns, then 1.0 (Spark's stage counts do not add up to a fraction of a
+        whole SQL query)."""
+        if progress is not None:
+            progress(READING_DATA, None)
         try:
             with _quiet_pyspark():
-                return self.spark.sql(sql).toPandas()
+                frame = self.spark.sql(sql).toPandas()
         except Exception as error:
             # Spark's messages may quote row values; report only the error class.
             raise ExecutionError(
                 f"Spark failed while running the planned query ({type(error).__name__}); "
                 "the charge stands"
             ) from None
+        if progress is not None:
+            progress(READING_DATA, 1.0)
+        return frame
 
     def close(self) -> None:
         for name in self._frames:

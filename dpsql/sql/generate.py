@@ -236,29 +236,19 @@ def bounded_aggregate(
                 f"ordered AS (SELECT cells.*, orders.__order FROM cells JOIN orders ON {on})"
             )
             order, ordered = "__order", "ordered"
-        window = (
-            f"OVER (PARTITION BY __unit ORDER BY {order}, {key_list} "
-            "ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)"
-        )
-        # Only units that could exceed a bound need the window (usually few): the others keep
-        # every cell as it is (rank 1, nothing handed out before them).
-        heavy = [f"COUNT(*) > {int(bounds.max_groups_per_unit)}"]
-        if cap_unit:
-            heavy.append(f"SUM({kept}) > {int(bounds.max_rows_per_unit)}.0")
-        ctes.append(
-            f"heavy AS (SELECT __unit FROM cells GROUP BY __unit HAVING {' OR '.join(heavy)})"
-        )
+        order_by = f"PARTITION BY __unit ORDER BY {order}, {key_list}"
         columns = ", ".join(
             ["__unit", *keys, "__rows", *(f"__cell{i}" for i in range(len(measures)))]
         )
-        ctes.append(
-            f"ranked AS (SELECT {columns}, ROW_NUMBER() {window} AS __group_rank, "
-            f"SUM({kept}) {window} AS __rows_through FROM {ordered} "
-            "WHERE __unit IN (SELECT __unit FROM heavy) "
-            f"UNION ALL SELECT {columns}, 1 AS __group_rank, {kept} AS __rows_through "
-            "FROM cells WHERE NOT EXISTS "
-            "(SELECT 1 FROM heavy WHERE heavy.__unit = cells.__unit))"
-        )
+        # One sort of every unit's cells: splitting off the units that cannot exceed a bound
+        # costs a second pass and a join, which is slower whenever many units do exceed one.
+        ranking = [f"ROW_NUMBER() OVER ({order_by}) AS __group_rank"]
+        if cap_unit:
+            ranking.append(
+                f"SUM({kept}) OVER ({order_by} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) "
+                "AS __rows_through"
+            )
+        ctes.append(f"ranked AS (SELECT {columns}, {', '.join(ranking)} FROM {ordered})")
         previous = f"ranked WHERE __group_rank <= {int(bounds.max_groups_per_unit)}"
         if cap_unit:
             before = f"(__rows_through - {kept})"
