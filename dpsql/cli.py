@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from dpsql.cli_output import console, db_option, print_csv, print_table
-from dpsql.cli_progress import ProgressDisplay
+from dpsql.cli_progress import ProgressDisplay, progress_option, progress_wanted
 from dpsql.cli_publish import register as register_publish
 from dpsql.engine import demo as demo_data
 from dpsql.engine.results import BudgetReport, QueryResult
@@ -48,13 +48,6 @@ _format = click.option(
     type=click.Choice(["table", "json", "csv"]),
     default="table",
     show_default=True,
-)
-_progress = click.option(
-    "--progress/--no-progress",
-    "show_progress",
-    default=None,
-    help="Show a progress bar on stderr while a long query runs [default: when stderr is a "
-    "terminal].",
 )
 
 
@@ -151,7 +144,7 @@ def policy_show(database: str) -> None:
 @_mechanism
 @_max_answers
 @_format
-@_progress
+@progress_option
 @click.argument("sql")
 def query(
     database: str,
@@ -166,9 +159,7 @@ def query(
     sql: str,
 ) -> None:
     """Answer SQL with differential privacy, charging the analyst's budget first."""
-    if show_progress is None:
-        show_progress = sys.stderr.isatty()
-    display = ProgressDisplay() if show_progress else None
+    display = ProgressDisplay() if progress_wanted(show_progress) else None
     with (
         display if display is not None else contextlib.nullcontext(),
         connect(database, analyst=analyst, dialect=dialect, progress=display) as session,

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from datetime import timedelta
 from types import TracebackType
 
+import click
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -19,7 +21,21 @@ from rich.progress import (
 )
 from rich.text import Text
 
-__all__ = ["PROGRESS_DELAY_SECONDS", "ProgressDisplay"]
+__all__ = ["PROGRESS_DELAY_SECONDS", "ProgressDisplay", "progress_option", "progress_wanted"]
+
+progress_option = click.option(
+    "--progress/--no-progress",
+    "show_progress",
+    default=None,
+    help="Show a progress bar on stderr while a long job runs [default: when stderr is a "
+    "terminal].",
+)
+
+
+def progress_wanted(show_progress: bool | None) -> bool:
+    """The ``--progress`` choice, defaulting to whether stderr is a terminal."""
+    return sys.stderr.isatty() if show_progress is None else show_progress
+
 
 PROGRESS_DELAY_SECONDS = 0.5
 """A query that finishes sooner shows no progress bar at all."""
@@ -74,7 +90,8 @@ class ProgressDisplay:
 
     def _show(self) -> None:
         with self._lock:
-            if not self._closed:
+            # A bar is drawn only on a terminal: in a pipe or a file it would be noise.
+            if not self._closed and self._bar.console.is_terminal:
                 self._bar.start()
                 self._shown = True
 

@@ -6,12 +6,14 @@ group's ``main`` turns dpsql errors into one line on stderr (exit status 1).
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
 import click
 
 from dpsql.cli_output import console, db_option, print_csv, print_table
+from dpsql.cli_progress import ProgressDisplay, progress_option, progress_wanted
 from dpsql.engine.published import (
     PublishedRelease,
     list_releases,
@@ -69,6 +71,7 @@ def _print_release(release: PublishedRelease, output_format: str) -> None:
 )
 @click.option("--alpha", type=float, default=2.0, show_default=True, help="PPR parameter > 1.")
 @_format("table", "json")
+@progress_option
 def publish_rr_command(
     database: str,
     analyst: str,
@@ -81,24 +84,28 @@ def publish_rr_command(
     chunks: int | None,
     alpha: float,
     output_format: str,
+    show_progress: bool | None,
 ) -> None:
     """Publish every person's item set under local DP (compressed randomized response).
 
     Charges EPSILON per person before anything is read; the release (public parameters and one
     message per person) is stored in the database as dpsql_rr_<name>.
     """
-    release = publish_rr(
-        database,
-        analyst=analyst,
-        table=table,
-        unit=unit,
-        item=item,
-        epsilon=epsilon,
-        name=name,
-        chunks=chunks,
-        alpha=alpha,
-        max_items=max_items,
-    )
+    display = ProgressDisplay() if progress_wanted(show_progress) else None
+    with display if display is not None else contextlib.nullcontext():
+        release = publish_rr(
+            database,
+            analyst=analyst,
+            table=table,
+            unit=unit,
+            item=item,
+            epsilon=epsilon,
+            name=name,
+            chunks=chunks,
+            alpha=alpha,
+            max_items=max_items,
+            progress=display,
+        )
     _print_release(release, output_format)
 
 

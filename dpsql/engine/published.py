@@ -61,6 +61,7 @@ from dpsql.accountant.ledger import LedgerEntry
 from dpsql.accountant.units import check_budget_value
 from dpsql.engine.backends import DUCKDB_CONFIG, Backend, DuckDBBackend
 from dpsql.engine.policy import ColumnPolicy, Policy
+from dpsql.engine.progress import DONE, READING_DATA, Progress, no_progress
 from dpsql.engine.session import Session
 from dpsql.errors import DpsqlError, ExecutionError, ParameterError, PolicyError
 from dpsql.mechanisms.compressed_rr import (
@@ -796,6 +797,7 @@ def publish_rr(
     alpha: float = 2.0,
     max_items: int | None = None,
     rng: np.random.Generator | None = None,
+    progress: Progress | None = None,
 ) -> PublishedRelease:
     """Publish every person's item set of ``table`` with compressed randomized response.
 
@@ -805,7 +807,9 @@ def publish_rr(
     defaults to the table's ``max_rows_per_unit``, ``chunks`` to a choice from those public
     values. Checks, then charges, then reads, encodes and stores (module docstring). ``rng``
     (None: the secure default) draws the public seed, the cap's subsets and the encoder's noise.
+    ``progress`` (``dpsql.engine.progress``) is told the stages after the charge.
     """
+    report = progress if progress is not None else no_progress
     name = _check_name(name)
     # Fail before the charge if the file cannot be written (e.g. another process has it open).
     _open_writable(database).close()
@@ -829,9 +833,11 @@ def publish_rr(
         )
         public_seed = int.from_bytes(session.rng.bytes(32), "big")
         codec = plan.codec(public_seed)
+        report(READING_DATA, None)
         user_ids, person, index = _read_rows(session.backend, plan)
         person, index = _cap_items(person, index, plan.max_items, session.rng)
         messages: list[bytes] = []
+        report("encoding messages", None)
         if user_ids:  # the codec cannot encode zero persons (IndexError in _user_keys)
             messages = codec.encode_pairs(person, index, user_ids=user_ids, rng=session.rng)
     release = PublishedRelease(
@@ -857,7 +863,9 @@ def publish_rr(
         ledger_entry=entry.seq,
         created=dt.datetime.now(dt.UTC).isoformat(timespec="microseconds"),
     )
+    report("storing the release", None)
     _write_release(database, release, user_ids, messages)
+    report(DONE, 1.0)
     return release
 
 

@@ -145,6 +145,21 @@ def test_charge_is_recorded_before_the_table_is_read(events_db, monkeypatch) -> 
     assert len(database_ledger(database)) == before + 1
 
 
+def test_progress_stages_come_after_the_charge_in_order(events_db) -> None:
+    database, _ = events_db
+    before = len(database_ledger(database))
+    reports: list[tuple[str, float | None, int]] = []
+
+    def progress(stage: str, fraction: float | None) -> None:
+        reports.append((stage, fraction, len(database_ledger(database))))
+
+    _publish(database, "staged", 6.0, progress=progress)
+    stages = [stage for stage, _, _ in reports]
+    assert stages == ["reading data", "encoding messages", "storing the release", "done"]
+    assert all(entries == before + 1 for _, _, entries in reports)  # charged before reading
+    assert reports[-1][1] == 1.0
+
+
 def test_budget_refusal_reads_and_writes_nothing(events_db, monkeypatch) -> None:
     database, _ = events_db
 
