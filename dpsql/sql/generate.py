@@ -194,19 +194,19 @@ def bounded_aggregate(
     ctes = [f"source AS (SELECT {', '.join(select)} FROM {source}{where})"]
 
     # One cell per (unit, group): what the unit's rows add to the group, before bounding.
+    # COUNT(*) is the cell's own row count (__rows): no column of its own.
+    cells_of = {i: f"__cell{i}" for i, m in enumerate(measures) if m.kind is not MeasureKind.ROWS}
     cell_measures = []
     for i, measure in enumerate(measures):
         if measure.kind is MeasureKind.ROWS:
-            cell_measures.append(f"CAST(COUNT(*) AS DOUBLE) AS __cell{i}")
-        elif measure.kind is MeasureKind.COUNT:
+            continue
+        if measure.kind is MeasureKind.COUNT:
             cell_measures.append(f"CAST(COUNT(__value{i}) AS DOUBLE) AS __cell{i}")
         else:
             cell_measures.append(f"CAST(COALESCE(SUM(__value{i}), 0) AS DOUBLE) AS __cell{i}")
     unit_and_keys = ", ".join(["__unit", *keys])
-    ctes.append(
-        f"cells AS (SELECT {unit_and_keys}, CAST(COUNT(*) AS DOUBLE) AS __rows, "
-        f"{', '.join(cell_measures)} FROM source GROUP BY {unit_and_keys})"
-    )
+    cell_columns = ", ".join([unit_and_keys, "CAST(COUNT(*) AS DOUBLE) AS __rows", *cell_measures])
+    ctes.append(f"cells AS (SELECT {cell_columns} FROM source GROUP BY {unit_and_keys})")
     previous = "cells"
     # Rows' worth a cell keeps under the per-group bound (per-unit bound without GROUP BY).
     per_group = bounds.max_rows_per_group if keys else bounds.max_rows_per_unit
@@ -237,9 +237,8 @@ def bounded_aggregate(
             )
             order, ordered = "__order", "ordered"
         order_by = f"PARTITION BY __unit ORDER BY {order}, {key_list}"
-        columns = ", ".join(
-            ["__unit", *keys, "__rows", *(f"__cell{i}" for i in range(len(measures)))]
-        )
+        # The window carries only what the final aggregation reads (the sort moves every column).
+        columns = ", ".join([*keys, "__rows", *cells_of.values()])
         # One sort of every unit's cells: splitting off the units that cannot exceed a bound
         # costs a second pass and a join, which is slower whenever many units do exceed one.
         ranking = [f"ROW_NUMBER() OVER ({order_by}) AS __group_rank"]
@@ -256,7 +255,8 @@ def bounded_aggregate(
     aggregates = []
     for i, measure in enumerate(measures):
         # Multiply before dividing: a cell that keeps all its rows is reproduced exactly.
-        scaled = f"__cell{i} * {kept} / __rows"
+        # COUNT(*) is the rows' worth kept itself.
+        scaled = f"{cells_of[i]} * {kept} / __rows" if i in cells_of else kept
         total = f"SUM(CAST(TRUNC({scaled}) AS BIGINT))"
         aggregates.append(
             f"CAST(LEAST(GREATEST(COALESCE({total}, 0), -{_EXACT}), {_EXACT}) AS BIGINT) "
