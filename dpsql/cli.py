@@ -145,6 +145,12 @@ def policy_show(database: str) -> None:
 @_max_answers
 @_format
 @progress_option
+@click.option(
+    "--memory-limit",
+    default=None,
+    help="Cap DuckDB's memory, e.g. 6GB; larger work spills to disk [default: DuckDB's, 80% of "
+    "RAM].",
+)
 @click.argument("sql")
 def query(
     database: str,
@@ -156,13 +162,20 @@ def query(
     max_answers: int | None,
     output_format: str,
     show_progress: bool | None,
+    memory_limit: str | None,
     sql: str,
 ) -> None:
     """Answer SQL with differential privacy, charging the analyst's budget first."""
     display = ProgressDisplay() if progress_wanted(show_progress) else None
     with (
         display if display is not None else contextlib.nullcontext(),
-        connect(database, analyst=analyst, dialect=dialect, progress=display) as session,
+        connect(
+            database,
+            analyst=analyst,
+            dialect=dialect,
+            progress=display,
+            memory_limit=memory_limit,
+        ) as session,
     ):
         result = session.execute(
             sql, epsilon=epsilon, delta=delta, mechanism=mechanism, max_answers=max_answers

@@ -140,6 +140,10 @@ def test_budget_ledger_policy_and_explain(db: str, capsys) -> None:
         ),
         (["--epsilon", "50", "SELECT COUNT(*) FROM requests"], "budget exceeded"),
         (["--epsilon", "0.1", "DROP TABLE requests"], "only SELECT"),
+        (
+            ["--epsilon", "0.1", "--memory-limit", "lots", "SELECT COUNT(*) FROM requests"],
+            "memory_limit must look like '6GB'",
+        ),
     ],
 )
 def test_errors_are_one_line_on_stderr_and_charge_nothing(db: str, capsys, args, fragment) -> None:

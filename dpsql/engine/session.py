@@ -152,7 +152,8 @@ class Session:
 
     ``progress`` (see ``dpsql.engine.progress``) is told the stages of ``execute`` after the
     charge: "reading data" (with the backend's estimate when its ``run`` takes ``progress``),
-    then "building <mechanism> release" or "adding noise", then "done".
+    then "building <mechanism> release" or "adding noise", then "done". ``memory_limit`` (e.g.
+    ``"6GB"``) caps the default DuckDB backend's memory; beyond it DuckDB spills to disk.
     """
 
     def __init__(
@@ -164,9 +165,12 @@ class Session:
         backend: Backend | None = None,
         rng: np.random.Generator | None = None,
         progress: Progress | None = None,
+        memory_limit: str | None = None,
     ):
         if not isinstance(analyst, str) or not analyst:
             raise ParameterError(f"analyst must be a non-empty name, got {analyst!r}")
+        if backend is not None and memory_limit is not None:
+            raise ParameterError("memory_limit applies to the default DuckDB backend only")
         self.database = Path(database)
         self.analyst = analyst
         self.dialect = dialect
@@ -178,7 +182,9 @@ class Session:
         self._ledger.dataset = _dataset_name(database, self.policy)
         # The policy may point tables at Parquet/CSV files: the backend exposes exactly those.
         self.backend = (
-            backend if backend is not None else DuckDBBackend.for_policy(database, self.policy)
+            backend
+            if backend is not None
+            else DuckDBBackend.for_policy(database, self.policy, memory_limit=memory_limit)
         )
         if analyst not in self.policy.analysts:
             raise PolicyError(f"analyst {analyst!r} has no allocation in the policy")
@@ -598,11 +604,20 @@ def connect(
     dialect: str = "duckdb",
     rng: np.random.Generator | None = None,
     progress: Progress | None = None,
+    memory_limit: str | None = None,
 ) -> Session:
     """Open a session on a DuckDB database file whose policy has been set.
 
     ``dialect`` is the SQL dialect the analyst writes in (any sqlglot dialect); ``rng`` a seeded
     generator for reproducible tests (default: the secure generator); ``progress`` is told the
-    stages of each ``execute`` (``dpsql.engine.progress``).
+    stages of each ``execute`` (``dpsql.engine.progress``); ``memory_limit`` (e.g. ``"6GB"``)
+    caps DuckDB's memory, larger work spilling to a temporary directory.
     """
-    return Session(database, analyst=analyst, dialect=dialect, rng=rng, progress=progress)
+    return Session(
+        database,
+        analyst=analyst,
+        dialect=dialect,
+        rng=rng,
+        progress=progress,
+        memory_limit=memory_limit,
+    )

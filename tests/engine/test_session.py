@@ -11,6 +11,7 @@ import pandas as pd
 import pytest
 
 import dpsql
+from dpsql.engine.backends import DuckDBBackend
 from dpsql.engine.session import database_budget, database_ledger
 from dpsql.errors import (
     BudgetExceededError,
@@ -165,6 +166,20 @@ def test_ledger_survives_reopen(demo_db: Path) -> None:
         status = db.budget().for_analyst("alice")
         assert status is not None and status.epsilon_spent == 1.0
         assert [e["kind"] for e in db.ledger()] == ["policy", "charge"]
+
+
+def test_memory_limit_caps_the_default_backend(demo_db: Path) -> None:
+    with dpsql.connect(demo_db, analyst="alice", memory_limit="256MB") as db:
+        limit = db.backend.run("SELECT current_setting('memory_limit') AS m")["m"][0]
+        assert limit in {"256.0 MB", "244.1 MiB"}
+        assert db.execute("SELECT COUNT(*) FROM requests", epsilon=0.5).rows
+    with pytest.raises(ParameterError, match="memory_limit must look like"):
+        dpsql.connect(demo_db, analyst="alice", memory_limit="lots")
+    backend = DuckDBBackend(demo_db)
+    with pytest.raises(ParameterError, match="default DuckDB backend only"):
+        dpsql.Session(demo_db, analyst="alice", backend=backend, memory_limit="1GB")
+    backend.close()
+    assert [e["kind"] for e in database_ledger(demo_db)] == ["policy", "charge"]
 
 
 def test_noise_has_the_stated_scale(stats_db, rng) -> None:
