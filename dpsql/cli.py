@@ -5,7 +5,6 @@ Errors dpsql raises on purpose print one line on stderr and exit with status 1 (
 
 from __future__ import annotations
 
-import contextlib
 import json
 import sys
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 import click
 
 from dpsql.cli_output import console, db_option, print_csv, print_table
-from dpsql.cli_progress import ProgressDisplay, progress_option, progress_wanted
+from dpsql.cli_progress import progress_display, progress_option
 from dpsql.cli_publish import register as register_publish
 from dpsql.engine import demo as demo_data
 from dpsql.engine.results import BudgetReport, QueryResult
@@ -166,9 +165,8 @@ def query(
     sql: str,
 ) -> None:
     """Answer SQL with differential privacy, charging the analyst's budget first."""
-    display = ProgressDisplay() if progress_wanted(show_progress) else None
     with (
-        display if display is not None else contextlib.nullcontext(),
+        progress_display(show_progress) as display,
         connect(
             database,
             analyst=analyst,

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from types import TracebackType
 
@@ -21,7 +23,7 @@ from rich.progress import (
 )
 from rich.text import Text
 
-__all__ = ["PROGRESS_DELAY_SECONDS", "ProgressDisplay", "progress_option", "progress_wanted"]
+__all__ = ["PROGRESS_DELAY_SECONDS", "ProgressDisplay", "progress_display", "progress_option"]
 
 progress_option = click.option(
     "--progress/--no-progress",
@@ -32,9 +34,15 @@ progress_option = click.option(
 )
 
 
-def progress_wanted(show_progress: bool | None) -> bool:
-    """The ``--progress`` choice, defaulting to whether stderr is a terminal."""
-    return sys.stderr.isatty() if show_progress is None else show_progress
+@contextlib.contextmanager
+def progress_display(show_progress: bool | None) -> Iterator[ProgressDisplay | None]:
+    """A ``ProgressDisplay`` for the ``--progress`` choice (by default: when stderr is a
+    terminal), or ``None`` when no bar is wanted; pass it as the ``progress`` callback."""
+    if not (sys.stderr.isatty() if show_progress is None else show_progress):
+        yield None
+        return
+    with ProgressDisplay() as display:
+        yield display
 
 
 PROGRESS_DELAY_SECONDS = 0.5

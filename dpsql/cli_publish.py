@@ -6,14 +6,13 @@ group's ``main`` turns dpsql errors into one line on stderr (exit status 1).
 
 from __future__ import annotations
 
-import contextlib
 import json
 from typing import Any
 
 import click
 
 from dpsql.cli_output import console, db_option, print_csv, print_table
-from dpsql.cli_progress import ProgressDisplay, progress_option, progress_wanted
+from dpsql.cli_progress import progress_display, progress_option
 from dpsql.engine.published import (
     PublishedRelease,
     list_releases,
@@ -91,8 +90,7 @@ def publish_rr_command(
     Charges EPSILON per person before anything is read; the release (public parameters and one
     message per person) is stored in the database as dpsql_rr_<name>.
     """
-    display = ProgressDisplay() if progress_wanted(show_progress) else None
-    with display if display is not None else contextlib.nullcontext():
+    with progress_display(show_progress) as display:
         release = publish_rr(
             database,
             analyst=analyst,

@@ -324,17 +324,9 @@ class Session:
             partition=plan.partition,
         )
         progress = self.progress if self.progress is not None else no_progress
-
-        def read(generated: str, stage: str = READING_DATA) -> pd.DataFrame:
-            # Without a callback the backend is called exactly as before (DuckDB: no thread).
-            if self.progress is not None and self._backend_reports_progress:
-                return self.backend.run(generated, progress=relabel(progress, stage))
-            progress(stage, None)
-            return self.backend.run(generated)
-
         if plan.range_queries is not None:
-            groups = read(public_groups(plan.shape, self.backend.dialect), "reading groups")
-            counts = read(
+            groups = self._read(public_groups(plan.shape, self.backend.dialect), "reading groups")
+            counts = self._read(
                 range_counts(
                     plan.shape,
                     unit=plan.bounds.unit,
@@ -348,7 +340,6 @@ class Session:
             return answer
         details: dict[str, Any] = {}
         if plan.auto_bounds is not None:
-            progress("choosing bounds", None)
             plan, details = self._with_automatic_bounds(plan)
         salt = int(self.rng.integers(0, 2**62))
         generated = bounded_aggregate(
@@ -359,7 +350,7 @@ class Session:
             salt=salt,
             dialect=self.backend.dialect,
         )
-        frame = read(generated)
+        frame = self._read(generated)
         if plan.key_release is not None:
             progress(f"building {plan.mechanism} release", None)
             answer, structure = key_answer(plan, frame, entry, rng=self.rng, analyst=self.analyst)
@@ -372,6 +363,17 @@ class Session:
         progress(DONE, 1.0)
         return result.model_copy(update={"details": details}) if details else result
 
+    def _read(self, sql: str, stage: str = READING_DATA) -> pd.DataFrame:
+        """The backend's rows for generated ``sql``, reported as ``stage`` (with the backend's
+        estimate when its ``run`` takes ``progress``). Without a callback the backend is called
+        exactly as before (DuckDB: no worker thread)."""
+        if self.progress is None:
+            return self.backend.run(sql)
+        if self._backend_reports_progress:
+            return self.backend.run(sql, progress=relabel(self.progress, stage))
+        self.progress(stage, None)
+        return self.backend.run(sql)
+
     def _with_automatic_bounds(self, plan: QueryPlan) -> tuple[QueryPlan, dict[str, Any]]:
         """Spend the automatic-bounds share on AboveThreshold, then re-plan with the bound.
 
@@ -381,7 +383,7 @@ class Session:
         auto = plan.auto_bounds
         assert auto is not None
         nonnegative = auto.mode == "nonnegative"
-        profile = self.backend.run(
+        profile = self._read(
             clipping_profile(
                 plan.shape,
                 column=auto.column,
@@ -390,7 +392,8 @@ class Session:
                 exponents=AUTO_BOUND_EXPONENTS,
                 nonnegative=nonnegative,
                 dialect=self.backend.dialect,
-            )
+            ),
+            "choosing bounds",
         )
         answers = -profile.iloc[0].to_numpy(dtype=np.float64)
         found = svt.above_threshold_release(

@@ -195,15 +195,17 @@ def bounded_aggregate(
 
     # One cell per (unit, group): what the unit's rows add to the group, before bounding.
     # COUNT(*) is the cell's own row count (__rows): no column of its own.
-    cells_of = {i: f"__cell{i}" for i, m in enumerate(measures) if m.kind is not MeasureKind.ROWS}
+    cells_of: dict[int, str] = {}
     cell_measures = []
     for i, measure in enumerate(measures):
         if measure.kind is MeasureKind.ROWS:
             continue
         if measure.kind is MeasureKind.COUNT:
-            cell_measures.append(f"CAST(COUNT(__value{i}) AS DOUBLE) AS __cell{i}")
+            aggregate = f"COUNT(__value{i})"
         else:
-            cell_measures.append(f"CAST(COALESCE(SUM(__value{i}), 0) AS DOUBLE) AS __cell{i}")
+            aggregate = f"COALESCE(SUM(__value{i}), 0)"
+        cells_of[i] = f"__cell{i}"
+        cell_measures.append(f"CAST({aggregate} AS DOUBLE) AS {cells_of[i]}")
     unit_and_keys = ", ".join(["__unit", *keys])
     cell_columns = ", ".join([unit_and_keys, "CAST(COUNT(*) AS DOUBLE) AS __rows", *cell_measures])
     ctes.append(f"cells AS (SELECT {cell_columns} FROM source GROUP BY {unit_and_keys})")
