@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections import Counter
 
 import numpy as np
 import pytest
@@ -23,6 +22,7 @@ from dpsql.mechanisms.compressed_rr import (
     suggest_chunks,
 )
 from dpsql.mechanisms.philox import philox4x64
+from tests.mechanisms.privacy_loss import max_log_ratio_lower_bound
 
 
 def _rng(seed: int) -> np.random.Generator:
@@ -139,32 +139,6 @@ def test_users_get_independent_noise_and_decoding_is_deterministic() -> None:
 # --- privacy on neighbouring item sets ---------------------------------------------------------
 
 
-def _max_log_ratio_lower_bound(
-    first: list[bytes], second: list[bytes], level: float = 1e-3
-) -> float:
-    """Largest lower confidence bound, over messages and both directions, of
-    log(P(message | x) / P(message | x')): Clopper-Pearson at ``level`` split over all messages,
-    so a mechanism within the bound passes with probability >= 1 - level."""
-    counts = (Counter(first), Counter(second))
-    sizes = (len(first), len(second))
-    outputs = set(counts[0]) | set(counts[1])
-    split = level / (2 * len(outputs))
-    best = -math.inf
-    for output in outputs:
-        for top, bottom in ((0, 1), (1, 0)):
-            hits, misses = counts[top][output], counts[bottom][output]
-            if hits == 0:
-                continue
-            low = stats.beta.ppf(split, hits, sizes[top] - hits + 1)
-            high = (
-                1.0
-                if misses == sizes[bottom]
-                else stats.beta.ppf(1.0 - split, misses + 1, sizes[bottom] - misses)
-            )
-            best = max(best, math.log(low) - math.log(high))
-    return best
-
-
 def _message_samples(codec: CompressedRR, items: list[int], count: int, seed: int) -> list[bytes]:
     """Messages of one person (fixed user id, so fixed public candidates) over private seeds."""
     return codec.encode_many([items] * count, user_ids=[0] * count, rng=_rng(seed))
@@ -184,16 +158,16 @@ def test_whole_messages_respect_the_privacy_bound() -> None:
     assert math.isclose(2 * codec.alpha * codec.epsilon_rr, bound, rel_tol=1e-12)
     first = _message_samples(codec, x, 60_000, seed=1)
     second = _message_samples(codec, neighbour, 60_000, seed=2)
-    assert _max_log_ratio_lower_bound(first, second) <= bound
+    assert max_log_ratio_lower_bound(first, second) <= bound
 
-    leaky = _max_log_ratio_lower_bound(
+    leaky = max_log_ratio_lower_bound(
         _leaky_messages(x, 5000, epsilon=bound, seed=3),
         _leaky_messages(neighbour, 5000, epsilon=bound, seed=4),
     )
     assert leaky > bound, leaky
 
     wrong_epsilon = dataclasses.replace(codec, epsilon=2 * codec.alpha * bound)
-    twin = _max_log_ratio_lower_bound(
+    twin = max_log_ratio_lower_bound(
         _message_samples(wrong_epsilon, x, 15_000, seed=5),
         _message_samples(wrong_epsilon, neighbour, 15_000, seed=6),
     )
