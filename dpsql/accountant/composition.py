@@ -1,10 +1,10 @@
 """Totals of many charges: sequential and parallel composition, and advanced composition.
 
-* **Basic (sequential) composition** always holds: costs add up. Charges confined to a partition
-  family (a fixed attribute of each privacy unit, see ``regions``) compose in parallel within the
-  family: each person is in one partition, so the family adds its largest single-value total.
-  Families are added to each other and to the unpartitioned charges (a person is in one partition
-  of *each* family).
+* **Basic (sequential) composition** always holds: costs add up. Charges confined to values of a
+  partition family (a fixed attribute of each privacy unit, see ``partitions``) compose in
+  parallel within the family: each person is in one partition, so the family adds its largest
+  single-value total. Families are added to each other and to the unpartitioned charges (a person
+  is in one partition of *each* family).
 * **Advanced composition** (Dwork, Rothblum, Vadhan 2010, Thm. III.3, in the heterogeneous form its
   proof gives through Azuma's inequality): k adaptive mechanisms that are (ε_i, δ_i)-DP are together
   (ε', Σδ_i + δ′)-DP for every δ′ > 0, with ε' = sqrt(2 ln(1/δ′) Σ ε_i²) + Σ ε_i (e^{ε_i} − 1).
@@ -26,23 +26,12 @@ from dpsql.accountant.events import (
     SequentialEvent,
     total,
 )
-from dpsql.accountant.regions import Region, max_cost_over_points
+from dpsql.accountant.partitions import Charge, Totals
 from dpsql.accountant.units import Cost
 
 __all__ = ["Charge", "Spend", "advanced_total", "basic_total", "leaves", "spend"]
 
 _MARGIN = 1e-12
-
-
-@dataclass(frozen=True)
-class Charge:
-    """What totals need from one ledger entry."""
-
-    analyst: str | None
-    cost: Cost
-    leaves: tuple[tuple[float, float], ...]
-    family: str | None = None
-    region: Region | None = None
 
 
 @dataclass(frozen=True)
@@ -81,22 +70,12 @@ def leaves(event: Event) -> tuple[tuple[float, float], ...]:
     return ((cost.epsilon, cost.delta),) if cost != Cost() else ()
 
 
-def basic_total(charges: Sequence[Charge], within: tuple[str, Region] | None = None) -> Cost:
-    """Sequential composition, with parallel composition inside each partition family.
-
-    With ``within`` = (family, region), the total of the people in that region of that family.
-    """
-    result = Cost()
-    families: dict[str, list[tuple[Region, Cost]]] = {}
+def basic_total(charges: Sequence[Charge]) -> Cost:
+    """Sequential composition, with parallel composition over each partition family's values."""
+    totals = Totals()
     for charge in charges:
-        if charge.family is None or charge.region is None:
-            result = result + charge.cost
-        else:
-            families.setdefault(charge.family, []).append((charge.region, charge.cost))
-    for family, family_charges in families.items():
-        region = within[1] if within is not None and within[0] == family else None
-        result = result + max_cost_over_points(family_charges, region)[0]
-    return result
+        totals.add(charge)
+    return totals.total()
 
 
 def advanced_total(charges: Sequence[Charge], delta_slack: float) -> Cost:

@@ -19,10 +19,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from dpsql.accountant.composition import Charge, Spend, basic_total, leaves, spend
+from dpsql.accountant.composition import Charge, Spend, advanced_total, leaves
 from dpsql.accountant.events import Event, event_from_dict, event_to_dict, total
 from dpsql.accountant.limits import Limits
-from dpsql.accountant.regions import Region, max_cost_over_points
+from dpsql.accountant.partitions import Totals
 from dpsql.accountant.units import Cost
 from dpsql.errors import BudgetExceededError, LedgerError, PolicyError
 
@@ -135,6 +135,7 @@ class Ledger:
         self.path = Path(path)
         self.dataset = dataset
         self._cache: list[Charge] = []
+        self._totals: dict[str | None, Totals] = {None: Totals()}
         self._seen = 0
         try:
             self._connection = sqlite3.connect(self.path, timeout=60, isolation_level=None)
@@ -239,7 +240,8 @@ class Ledger:
         return Limits.from_dict(payload["limits"])
 
     def _charges(self, connection: sqlite3.Connection, analyst: str | None = None) -> list[Charge]:
-        """Every charge (of ``analyst``), parsed once and cached; only new entries are read."""
+        """Every charge (of ``analyst``), parsed once and cached; only new entries are read, and
+        each new entry updates the running totals of the dataset and its analyst."""
         rows = connection.execute(
             "SELECT seq, analyst, epsilon_units, delta_units, payload, partition FROM entries "
             "WHERE kind = 'charge' AND seq > ? ORDER BY seq",
@@ -247,10 +249,13 @@ class Ledger:
         ).fetchall()
         for seq, name, e, d, payload, partition in rows:
             event = event_from_dict(json.loads(payload))
-            self._cache.append(_charge(name, Cost(int(e), int(d)), event, partition))
+            charge = _charge(name, Cost(int(e), int(d)), event, partition)
+            self._cache.append(charge)
+            self._totals[None].add(charge)
+            self._totals.setdefault(name, Totals()).add(charge)
             self._seen = seq
         if analyst is None:
-            return list(self._cache)
+            return self._cache
         return [charge for charge in self._cache if charge.analyst == analyst]
 
     def _spend(
@@ -260,10 +265,17 @@ class Ledger:
         analyst: str | None = None,
         extra: Charge | None = None,
     ) -> Spend:
+        """Spent budget of the dataset (or ``analyst``), with ``extra`` added if given. Basic
+        totals come from the running totals (O(values ``extra`` touches)); the advanced bound,
+        when enabled, is recomputed over every step."""
         charges = self._charges(connection, analyst)
-        if extra is not None:
-            charges.append(extra)
-        return spend(charges, advanced_delta=limits.advanced_delta)
+        totals = self._totals.setdefault(analyst, Totals())
+        basic = totals.total() if extra is None else totals.total_with(extra)
+        advanced = None
+        if limits.advanced_delta is not None:
+            steps = [*charges, extra] if extra is not None else charges
+            advanced = advanced_total(steps, limits.advanced_delta)
+        return Spend(basic, advanced)
 
     def policy(self) -> dict[str, Any] | None:
         """The policy document in force (as given to ``set_policy``), or None before one is set."""
@@ -310,17 +322,20 @@ class Ledger:
         query: str,
         plan: dict[str, Any],
         mechanism: str,
-        partition: tuple[str, Region] | None = None,
+        partition: tuple[str, tuple[str, ...]] | None = None,
     ) -> LedgerEntry:
         """Check both limits and record the charge atomically, or raise and record nothing.
 
-        ``partition`` = (family, region) when the query is confined to part of a partition
-        column's values; such charges compose in parallel with disjoint ones of the same family.
+        ``partition`` = (family, values) when the query reads only rows whose partition column
+        holds one of ``values`` (declared values, as the database spells them); such charges
+        compose in parallel with charges on other values of the same family.
         """
         cost = total(event)
         stored = None
         if partition is not None:
-            stored = json.dumps({"family": partition[0], "region": partition[1].to_list()})
+            if not partition[1]:
+                raise ValueError("a partitioned charge needs at least one value")
+            stored = json.dumps({"family": partition[0], "values": sorted(set(partition[1]))})
         new = _charge(analyst, cost, event, stored)
         with self._transaction() as connection:
             limits = self._limits(connection)
@@ -336,9 +351,11 @@ class Ledger:
                     spent = self._spend(connection, limits, scope).best
                     where = ""
                     if partition is not None:
-                        spent = basic_total(self._charges(connection, scope), partition)
+                        spent = self._totals.setdefault(scope, Totals()).at(*partition)
                         column = partition[0].split(".", 1)[-1]
-                        where = f" for the people where {partition[1].describe(column)}"
+                        shown = ", ".join(sorted(set(partition[1]))[:5])
+                        more = ", ..." if len(set(partition[1])) > 5 else ""
+                        where = f" for the people where {column} is one of [{shown}{more}]"
                     remaining = BudgetLine("", "", cap, spent).remaining
                     raise BudgetExceededError(
                         f"budget exceeded: the query needs epsilon={cost.epsilon:.10g}, "
@@ -372,31 +389,22 @@ class Ledger:
                 lines.append(BudgetLine("analyst", name, allocation, used.best, used.rule))
         if analyst is not None and len(lines) == 1:
             raise PolicyError(f"analyst {analyst!r} has no allocation in the policy")
-        lines += _partition_lines(self._charges(connection), limits.dataset)
+        lines += [
+            BudgetLine("partition", f"{family} = {value!r}", limits.dataset, spent)
+            for family, value, spent in self._totals[None].per_value()
+        ]
         return lines
 
 
 def _charge(analyst: str | None, cost: Cost, event: Event, partition: str | None) -> Charge:
-    family = region = None
+    """A ledger row as a charge. Entries written before partitions were value sets (interval
+    regions) count sequentially: an over-statement, never an under-statement."""
+    family = values = None
     if partition:
         stored = json.loads(partition)
-        family, region = stored["family"], Region.from_list(stored["region"])
-    return Charge(analyst, cost, leaves(event), family, region)
-
-
-def _partition_lines(charges: list[Charge], cap: Cost) -> list[BudgetLine]:
-    """Per partition family and probed value: what the people there have spent (basic)."""
-    families = sorted({c.family for c in charges if c.family is not None})
-    lines = []
-    for family in families:
-        others = [c for c in charges if c.family != family]
-        base = basic_total(others)
-        mine = [(c.region, c.cost) for c in charges if c.family == family and c.region]
-        _, totals = max_cost_over_points(mine)
-        for label, cost in totals:
-            if cost != Cost() and not label.startswith(("just above", "below")):
-                lines.append(BudgetLine("partition", f"{family} = {label}", cap, base + cost))
-    return lines
+        if "values" in stored:
+            family, values = stored["family"], tuple(str(v) for v in stored["values"])
+    return Charge(analyst, cost, leaves(event), family, values)
 
 
 def _charge_cost(entry: LedgerEntry) -> Cost:

@@ -8,13 +8,14 @@ database or the ledger.
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from dpsql.accountant.ledger import LedgerEntry
-from dpsql.engine.planner import MECHANISM, QueryPlan
+from dpsql.engine.planner import MECHANISM, QueryPlan, literal_text
 from dpsql.engine.results import QueryResult
 from dpsql.mechanisms import combined, svt, threshold
 from dpsql.mechanisms.combined import CombinedRelease
@@ -29,26 +30,23 @@ ALP_ROWS_PER_KEY = 10
 
 
 def _aligned(plan: QueryPlan, frame: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple]]:
-    """True aggregates for every public key combination (absent keys count zero)."""
+    """True aggregates for every public key combination (absent keys count zero), matched on
+    the database's own spelling of each key (the generated SQL returns keys as text)."""
     group_by = list(plan.shape.group_by)
     names = [m.measure.name for m in plan.measurements]
     if not group_by:
         if frame.empty:
             frame = pd.DataFrame({n: [0] for n in names})
         return frame[names].astype("int64"), [()]
-    domains = []
-    for column in group_by:
-        values = list(plan.key_domain[column])
-        if plan.shape.columns[column] in (ColumnKind.DATE, ColumnKind.TIMESTAMP):
-            frame[column] = pd.to_datetime(frame[column])
-            values = [pd.Timestamp(v) for v in values]
-        domains.append(values)
-    if len(domains) == 1:
-        index = pd.Index(domains[0], name=group_by[0])
+    texts = [[literal_text(v) for v in plan.key_literals[c]] for c in group_by]
+    if len(texts) == 1:
+        index = pd.Index(texts[0], name=group_by[0], dtype=object)
     else:
-        index = pd.MultiIndex.from_product(domains, names=group_by)
+        index = pd.MultiIndex.from_product(texts, names=group_by)
+    frame = frame.astype({c: object for c in group_by})
     aligned = frame.set_index(group_by)[names].reindex(index, fill_value=0).astype("int64")
-    keys = [tuple(plain(v) for v in (k if isinstance(k, tuple) else (k,))) for k in index.to_list()]
+    shown = itertools.product(*(plan.key_domain[c] for c in group_by))
+    keys = [tuple(plain(v) for v in k) for k in shown]
     return aligned, keys
 
 

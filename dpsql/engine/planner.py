@@ -7,6 +7,7 @@ sensitivity = declared value bounds x contribution bounds, never a property of t
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
@@ -14,14 +15,12 @@ from typing import Any
 from sqlglot import exp
 
 from dpsql.accountant.events import MechanismEvent, SequentialEvent
-from dpsql.accountant.regions import Region
 from dpsql.accountant.units import Cost
 from dpsql.engine.policy import Policy, PublicKey, TablePolicy
 from dpsql.errors import ParameterError, PolicyError, SchemaError, UnsupportedQueryError
 from dpsql.mechanisms import svt, threshold
 from dpsql.mechanisms.laplace import choose_grid, noise_scale
 from dpsql.sql.generate import Bounds, Measure, MeasureKind
-from dpsql.sql.partition import partition_region
 from dpsql.sql.shape import AggregateKind, ColumnKind, QueryShape
 
 __all__ = ["MAX_GROUPS", "MeasurementPlan", "QueryPlan", "key_literal", "plan_query"]
@@ -105,8 +104,8 @@ class QueryPlan:
     epsilon: float
     delta: float
     confidence: float
-    partition: tuple[str, Region] | None = None
-    """(family, region) when the WHERE clause confines the table's partition column."""
+    partition: tuple[str, tuple[str, ...]] | None = None
+    """(family, values) when the WHERE clause reads only these declared partition values."""
     key_release: KeyRelease | None = None
     range_queries: RangeQueries | None = None
     auto_bounds: AutoBounds | None = None
@@ -235,10 +234,7 @@ class QueryPlan:
             "partition": (
                 None
                 if self.partition is None
-                else {
-                    "family": self.partition[0],
-                    "region": self.partition[1].describe(self.table.partition_column or ""),
-                }
+                else {"family": self.partition[0], "values": list(self.partition[1])}
             ),
             "mechanism": self.mechanism,
             "reason": self.reason,
@@ -294,7 +290,8 @@ class QueryPlan:
 
 
 def key_literal(value: PublicKey, kind: ColumnKind, column: str) -> tuple[Any, exp.Expression]:
-    """A public key as a Python value and a typed SQL literal for ``column``'s type."""
+    """A public key as a Python value and a draft typed literal for ``column``'s type, for callers
+    without a backend (the session converts keys with ``dpsql.engine.literals.Binder``)."""
     problem = f"public key {value!r} of column {column!r} does not match its type ({kind.value})"
     if kind is ColumnKind.STRING and isinstance(value, str):
         return value, exp.Literal.string(value)
@@ -304,12 +301,21 @@ def key_literal(value: PublicKey, kind: ColumnKind, column: str) -> tuple[Any, e
         if kind is ColumnKind.INTEGER and float(value) != int(value):
             raise PolicyError(problem)
         if kind is ColumnKind.INTEGER:
-            return int(value), exp.cast(exp.Literal.number(int(value)), "BIGINT")
-        return float(value), exp.cast(exp.Literal.number(repr(float(value))), "DOUBLE")
+            return int(value), exp.cast(exp.Literal.string(str(int(value))), "BIGINT")
+        return float(value), exp.cast(exp.Literal.string(repr(float(value))), "DOUBLE")
     if kind in (ColumnKind.DATE, ColumnKind.TIMESTAMP) and isinstance(value, str):
         target = "DATE" if kind is ColumnKind.DATE else "TIMESTAMP"
         return value, exp.cast(exp.Literal.string(value), target)
     raise PolicyError(problem)
+
+
+def literal_text(literal: exp.Expression) -> str:
+    """How the database prints the value of a typed literal (``CAST(x AS VARCHAR)``)."""
+    if isinstance(literal, exp.Boolean):
+        return "true" if literal.this else "false"
+    if isinstance(literal, exp.Cast):
+        return str(literal.this.this)
+    return str(literal.this)
 
 
 _MECHANISMS = {"laplace": None, "threshold": "threshold", "alp": "combined", "combined": "combined"}
@@ -474,14 +480,6 @@ def _plan_ranges(
     )
 
 
-def _partition(shape: QueryShape, table: TablePolicy) -> tuple[str, Region] | None:
-    column = table.partition_column
-    if column is None:
-        return None
-    region = partition_region(shape.where, column)
-    return None if region is None else (f"{shape.table}.{column}", region)
-
-
 def _split(epsilon: float, parts: int) -> list[float]:
     """Split ``epsilon`` into ``parts`` shares that sum exactly to it in ledger units."""
     units = Cost.of(epsilon).epsilon_units
@@ -501,11 +499,15 @@ def plan_query(
     delta: float,
     mechanism: str | None = None,
     max_answers: int | None = None,
+    keys: Mapping[str, Sequence[exp.Expression]] | None = None,
+    partition: tuple[str, tuple[str, ...]] | None = None,
 ) -> QueryPlan:
     """Check the shape against the policy and price it; raises before any data is read.
 
     ``mechanism`` (or ``OPTIONS(mechanism=...)``) chooses how keys without a public key set are
-    released: "threshold" or "alp" (the combined threshold + ALP synopsis).
+    released: "threshold" or "alp" (the combined threshold + ALP synopsis). ``keys`` are the
+    public keys of group columns as the database converted them, and ``partition`` the partition
+    values the (restricted) WHERE clause reads (see ``dpsql.engine.literals``).
     """
     table = policy.table(shape.table)
     if table is None:
@@ -525,13 +527,18 @@ def plan_query(
             "max_answers applies to a range JOIN with HAVING (the sparse vector technique)"
         )
     release = _key_release(shape, table, delta, mechanism)
+    converted = keys
     for column in shape.group_by:
         keys = table.column(column).public_keys
         if keys is None:
             continue
-        pairs = [key_literal(k, shape.columns[column], column) for k in keys]
-        key_domain[column] = tuple(p[0] for p in pairs)
-        key_literals[column] = tuple(p[1] for p in pairs)
+        key_domain[column] = tuple(keys)
+        if converted is not None and column in converted:
+            key_literals[column] = tuple(converted[column])
+        else:
+            key_literals[column] = tuple(
+                key_literal(k, shape.columns[column], column)[1] for k in keys
+            )
     if math.prod(len(v) for v in key_domain.values()) > MAX_GROUPS:
         raise UnsupportedQueryError(f"the public key domain has more than {MAX_GROUPS} groups")
 
@@ -594,7 +601,7 @@ def plan_query(
         key_domain=key_domain,
         key_literals=key_literals,
         bounds=_bounds(table),
-        partition=_partition(shape, table),
+        partition=partition,
         key_release=release,
         auto_bounds=auto,
         epsilon=epsilon,

@@ -19,10 +19,10 @@ from dpsql.accountant.limits import Limits
 from dpsql.accountant.units import Cost, check_budget_value
 from dpsql.engine.answers import key_answer, laplace_answer, range_answer
 from dpsql.engine.backends import Backend, DuckDBBackend
+from dpsql.engine.literals import Binder, BoundShape
 from dpsql.engine.planner import (
     AUTO_BOUND_EXPONENTS,
     QueryPlan,
-    key_literal,
     plan_query,
 )
 from dpsql.engine.policy import Policy, load_policy, parse_policy
@@ -90,7 +90,11 @@ def _limits(policy: Policy) -> Limits:
     )
 
 
-def _check_against_schema(policy: Policy, catalog: dict[str, dict[str, str]]) -> None:
+def _check_against_schema(policy: Policy, backend: Backend) -> None:
+    """Tables, columns and types of the policy against the database; public keys converted to
+    their column's type by the database itself, each value listed once."""
+    catalog = backend.catalog()
+    binder = Binder(backend, catalog)
     for table_name, table in policy.tables.items():
         matches = [t for t in catalog if t.lower() == table_name.lower()]
         if not matches:
@@ -109,8 +113,8 @@ def _check_against_schema(policy: Policy, catalog: dict[str, dict[str, str]]) ->
             if name not in columns:
                 raise PolicyError(f"policy column {table_name}.{name} does not exist")
             kind = ColumnKind.of(columns[name])
-            for key in rules.public_keys or ():
-                key_literal(key, kind, f"{table_name}.{name}")
+            if rules.public_keys is not None:
+                binder.keys(matches[0], name, rules.public_keys)
             if rules.bounds is not None and not kind.numeric:
                 raise PolicyError(
                     f"bounds on {table_name}.{name} need a numeric column, it is {columns[name]}"
@@ -125,7 +129,7 @@ def set_policy(database: str | Path, policy: Policy | str | Path) -> LedgerEntry
         policy = parse_policy(policy)
     backend = DuckDBBackend.for_policy(database, policy)
     try:
-        _check_against_schema(policy, backend.catalog())
+        _check_against_schema(policy, backend)
     finally:
         backend.close()
     ledger = Ledger(ledger_path(database), dataset=_dataset_name(database, policy))
@@ -190,6 +194,7 @@ class Session:
             raise PolicyError(f"analyst {analyst!r} has no allocation in the policy")
         self.progress = progress
         self._backend_reports_progress = accepts_progress(self.backend.run)
+        self._binder = Binder(self.backend, self.backend.catalog())
 
     def _load_policy(self) -> Policy:
         document = self._ledger.policy()
@@ -211,11 +216,24 @@ class Session:
         self._ledger.close()
 
     # planning -----------------------------------------------------------------------------------
-    def _shape(self, sql: str) -> tuple[QueryShape, str]:
+    def _shape(self, sql: str) -> tuple[BoundShape, str]:
         parsed = parse(sql, self.dialect)
         shape = analyze(parsed, self.backend.catalog())
         self.policy = self._load_policy()
-        return shape, parsed.expression.sql(dialect=self.backend.dialect)
+        return self._binder.bind(shape, self.policy), parsed.expression.sql(
+            dialect=self.backend.dialect
+        )
+
+    def _keys(self, shape: QueryShape) -> dict[str, list[Any]]:
+        """Public keys of the group columns as the database converted them."""
+        table = self.policy.table(shape.table)
+        if table is None or shape.range_join is not None:
+            return {}
+        return {
+            column: self._binder.keys(shape.table, column, keys)
+            for column in shape.group_by
+            if (keys := table.column(column).public_keys) is not None
+        }
 
     def _plan(
         self,
@@ -223,10 +241,11 @@ class Session:
         epsilon: float | None,
         delta: float | None,
         mechanism: str | None = None,
-        shaped: tuple[QueryShape, str] | None = None,
+        shaped: tuple[BoundShape, str] | None = None,
         max_answers: int | None = None,
     ) -> tuple[QueryPlan, str]:
-        shape, normalized = shaped if shaped is not None else self._shape(sql)
+        bound, normalized = shaped if shaped is not None else self._shape(sql)
+        shape = bound.shape
         options = shape.options
         for name, given in (("epsilon", epsilon), ("delta", delta)):
             if given is not None and name in options and options[name] != given:
@@ -259,6 +278,8 @@ class Session:
             delta=delta,
             mechanism=mechanism,
             max_answers=max_answers,
+            keys=self._keys(shape),
+            partition=bound.partition,
         )
         return plan, normalized
 
@@ -273,7 +294,7 @@ class Session:
     ) -> dict[str, Any]:
         """Plan, mechanism, sensitivities and cost of ``sql``, without reading data or charging."""
         shaped = self._shape(sql)
-        synopsis = self._synopsis_for(shaped[0], mechanism)
+        synopsis = self._synopsis_for(shaped[0].shape, mechanism)
         if synopsis is not None:
             return {
                 "query": shaped[1],
@@ -311,9 +332,9 @@ class Session:
         for free, unless ``mechanism="laplace"`` asks for fresh noise.
         """
         shaped = self._shape(sql)
-        synopsis = self._synopsis_for(shaped[0], mechanism)
+        synopsis = self._synopsis_for(shaped[0].shape, mechanism)
         if synopsis is not None:
-            return self._from_synopsis(synopsis, shaped)
+            return self._from_synopsis(synopsis, (shaped[0].shape, shaped[1]))
         plan, normalized = self._plan(sql, epsilon, delta, mechanism, shaped, max_answers)
         entry = self._ledger.charge(
             analyst=self.analyst,
@@ -391,6 +412,7 @@ class Session:
                 max_rows_per_unit=plan.bounds.max_rows_per_unit,
                 exponents=AUTO_BOUND_EXPONENTS,
                 nonnegative=nonnegative,
+                partition=plan.bounds.partition,
                 dialect=self.backend.dialect,
             ),
             "choosing bounds",
@@ -412,7 +434,14 @@ class Session:
         table = table.model_copy(update={"columns": {**table.columns, auto.column: rules}})
         name = next(k for k in self.policy.tables if k.lower() == plan.shape.table.lower())
         policy = self.policy.model_copy(update={"tables": {**self.policy.tables, name: table}})
-        bounded = plan_query(plan.shape, policy, epsilon=auto.rest, delta=plan.delta)
+        bounded = plan_query(
+            plan.shape,
+            policy,
+            epsilon=auto.rest,
+            delta=plan.delta,
+            keys=plan.key_literals,
+            partition=plan.partition,
+        )
         details = {
             "automatic_bounds": {
                 "column": auto.column,

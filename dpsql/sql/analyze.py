@@ -1,15 +1,20 @@
 """Check a parsed query against dpsql's allow-list and turn it into a typed ``QueryShape``.
 
-Only the nodes named here pass; every rejection names the clause, line and column. Literals are
-checked against the column's type in Python and re-emitted as typed literals, so no comparison in
-the generated SQL can fail at run time on some rows (a data-dependent error would itself leak).
+Only the nodes named here pass; every rejection names the clause, line and column. A literal is
+checked for its form here (a number for a numeric column, an ISO date for a DATE, ...) and emitted
+as ``CAST('<text as written>' AS <the column's exact type>)``; ``dpsql.engine.literals`` then has
+the database convert it, refuses inexact conversions, and replaces it by the database's own
+spelling. Every comparison in the generated SQL is therefore between a column and a value of
+exactly its type: none can fail at run time on some rows (a data-dependent error would itself
+leak), and none is decided by implicit casts that Python would model differently.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import math
+import re
 from collections.abc import Callable, Mapping
+from decimal import Decimal, InvalidOperation
 
 from sqlglot import exp
 
@@ -53,7 +58,32 @@ _FLIPPED: Mapping[type[exp.Expression], type[exp.Expression]] = {
     exp.LT: exp.GT,
     exp.LTE: exp.GTE,
 }
-_INT64 = 2**63
+_DATE = r"\d{4}-\d{2}-\d{2}"
+_FRACTION_DIGITS = {"TIMESTAMP_S": 0, "TIMESTAMP_MS": 3, "TIMESTAMP_NS": 9}
+_ZONE = r"(Z|[+-]\d{2}(:?\d{2})?)"
+HAVING_LIMIT = 2**53
+"""Largest |threshold| of HAVING: counts are exact integers below it."""
+
+
+def temporal_pattern(type_name: str) -> re.Pattern[str]:
+    """The ISO form a literal for a column of ``type_name`` must take: a date for DATE; a date
+    and optionally a time (seconds and as many fraction digits as the type keeps, optional) for
+    TIMESTAMP types; for TIMESTAMP WITH TIME ZONE a time and an offset, both required. Nothing
+    the database would ignore (an offset on a TIMESTAMP, digits beyond its precision) passes.
+
+    >>> bool(temporal_pattern("TIMESTAMP").fullmatch("2024-01-01 00:00:00+00:01"))
+    False
+    >>> bool(temporal_pattern("TIMESTAMP WITH TIME ZONE").fullmatch("2024-01-01T10:00+01:00"))
+    True
+    """
+    name = type_name.upper().strip()
+    if name == "DATE":
+        return re.compile(_DATE)
+    with_zone = "TIME ZONE" in name or name == "TIMESTAMPTZ"
+    digits = 6 if with_zone else _FRACTION_DIGITS.get(name, 6)
+    fraction = rf"(\.\d{{1,{digits}}})?" if digits else ""
+    time = rf"[ T]\d{{2}}:\d{{2}}(:\d{{2}}{fraction})?"
+    return re.compile(_DATE + (time + _ZONE if with_zone else f"({time})?"))
 
 
 class _Analyzer:
@@ -66,6 +96,7 @@ class _Analyzer:
         self.public_table = ""
         self.public_aliases: set[str] = set()
         self.public_columns: dict[str, str] = {}
+        self.position: tuple[int | None, int | None] = (None, None)
 
     def reject(
         self,
@@ -188,8 +219,8 @@ class _Analyzer:
         if not (isinstance(inner, exp.Literal) and not inner.is_string):
             self.reject(limit, "the HAVING threshold must be a number")
         threshold = float(inner.this) * (-1 if negative else 1)
-        if not math.isfinite(threshold):
-            self.reject(limit, "the HAVING threshold must be finite")
+        if not (math.isfinite(threshold) and abs(threshold) <= HAVING_LIMIT):
+            self.reject(limit, f"the HAVING threshold must be a number within +-{HAVING_LIMIT}")
         name = next(
             (
                 o.name
@@ -267,11 +298,15 @@ class _Analyzer:
             return self.comparison(node)
         if isinstance(node, exp.Between):
             name = self.predicate_column(node.this, "BETWEEN")
-            return exp.Between(
-                this=exp.column(name, quoted=True),
-                low=self.literal(node.args["low"], name),
-                high=self.literal(node.args["high"], name),
+            low = self.literal(node.args["low"], name)
+            high = self.literal(node.args["high"], name)
+            between = exp.Between(this=exp.column(name, quoted=True), low=low, high=high)
+            if not node.args.get("symmetric"):
+                return between
+            swapped = exp.Between(
+                this=exp.column(name, quoted=True), low=high.copy(), high=low.copy()
             )
+            return exp.Paren(this=exp.Or(this=between, expression=swapped))
         if isinstance(node, exp.In):
             name = self.predicate_column(node.this, "IN")
             if node.args.get("query") or node.args.get("unnest") or node.args.get("field"):
@@ -319,6 +354,7 @@ class _Analyzer:
     def literal(self, node: exp.Expression, name: str) -> exp.Expression:
         """A typed literal for comparing with column ``name``, or a precise rejection."""
         kind = self.kind(name)
+        self.position = self.parsed.position(node)
         if isinstance(node, exp.Null):
             self.reject(node, f"comparing {name!r} with NULL is never true; use IS NULL")
         coerce: Callable[[exp.Expression, str], exp.Expression] | None = {
@@ -337,6 +373,13 @@ class _Analyzer:
             raise AssertionError
         return coerce(node, name)
 
+    def typed(self, text: str, name: str) -> exp.Expression:
+        """``CAST('<text>' AS <type of column name>)``, converted by the database later."""
+        target = exp.DataType.build(self.columns[name], dialect="duckdb")
+        cast = exp.Cast(this=exp.Literal.string(text), to=target)
+        cast.meta["position"] = self.position
+        return cast
+
     def number(self, node: exp.Expression, name: str) -> exp.Expression:
         negative = isinstance(node, exp.Neg)
         inner = node.this if negative else node
@@ -344,16 +387,12 @@ class _Analyzer:
             self.reject(node, f"column {name!r} is numeric; compare it with a number")
         text = ("-" if negative else "") + inner.this
         try:
-            value: int | float = int(text)
-        except ValueError:
-            value = float(text)
-        if isinstance(value, int):
-            if not -_INT64 <= value < _INT64:
-                self.reject(node, f"integer literal out of the 64-bit range for {name!r}")
-            return exp.cast(exp.Literal.number(value), "BIGINT")
-        if not math.isfinite(value):
+            finite = Decimal(text).is_finite()
+        except InvalidOperation:
+            finite = False
+        if not finite:
             self.reject(node, f"literal compared with {name!r} is not a finite number")
-        return exp.cast(exp.Literal.number(repr(value)), "DOUBLE")
+        return self.typed(text, name)
 
     def string(self, node: exp.Expression, name: str) -> exp.Expression:
         if not (isinstance(node, exp.Literal) and node.is_string):
@@ -375,15 +414,20 @@ class _Analyzer:
                 f"column {name!r} is a {kind.value}; compare it with an ISO "
                 "string such as '2024-01-31'",
             )
-        try:
-            if kind is ColumnKind.DATE:
-                text = dt.date.fromisoformat(node.this).isoformat()
-            else:
-                text = dt.datetime.fromisoformat(node.this).isoformat(sep=" ")
-        except ValueError:
-            self.reject(node, f"{node.this!r} is not an ISO {kind.value} for column {name!r}")
-        target = "DATE" if kind is ColumnKind.DATE else "TIMESTAMP"
-        return exp.cast(exp.Literal.string(text), target)
+        type_name = self.columns[name]
+        if not temporal_pattern(type_name).fullmatch(node.this):
+            zone = "TIME ZONE" in type_name.upper() or type_name.upper() == "TIMESTAMPTZ"
+            form = (
+                "YYYY-MM-DD"
+                if kind is ColumnKind.DATE
+                else "YYYY-MM-DD HH:MM[:SS[.fraction]]" + ("+HH:MM (an offset is required)"
+                if zone else " without an offset or time zone")
+            )
+            self.reject(
+                node,
+                f"{node.this!r} is not a {type_name} literal for column {name!r}; write {form}",
+            )
+        return self.typed(node.this, name)
 
     # SELECT list and GROUP BY ------------------------------------------------------------------
     def group_nodes(self, select: exp.Select) -> list[exp.Expression]:

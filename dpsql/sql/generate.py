@@ -150,6 +150,20 @@ def _salted_order(keys: Sequence[str], kinds: Sequence[ColumnKind], salt: int) -
     return f"(({mixed}) * {final} + {offset}) % {_PRIME}"
 
 
+def _enforced(table: str, unit: str, partition: str | None) -> str:
+    """``table``, keeping only the rows of each unit whose partition column holds the unit's
+    smallest value in the whole table (each unit then lies in one partition)."""
+    source = _identifier(table)
+    if partition is None:
+        return source
+    unit, part = _identifier(unit), _identifier(partition)
+    return (
+        f"{source} JOIN (SELECT {unit} AS __partition_unit, MIN({part}) AS __partition_value "
+        f"FROM {source} GROUP BY {unit}) AS __partitions "
+        f"ON {unit} = __partition_unit AND {part} = __partition_value"
+    )
+
+
 def bounded_aggregate(
     shape: QueryShape,
     *,
@@ -161,8 +175,10 @@ def bounded_aggregate(
 ) -> str:
     """SQL returning one row per non-empty group: the group columns, then one column per measure.
 
-    Group columns in ``public_keys`` are restricted to those keys; the others to non-NULL values
-    (their keys are released by a thresholding mechanism, not listed in advance).
+    Group columns in ``public_keys`` are restricted to those keys and returned as the database
+    prints them (``CAST(key AS VARCHAR)``), so answers are matched to keys in its own semantics;
+    the others are restricted to non-NULL values (their keys are released by a thresholding
+    mechanism, not listed in advance).
     """
     keys = [f"__key{i}" for i in range(len(shape.group_by))]
     select = [f"{_identifier(bounds.unit)} AS __unit"]
@@ -183,14 +199,7 @@ def bounded_aggregate(
         else:
             conditions.append(f"{_identifier(column)} IS NOT NULL")
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-    source = _identifier(shape.table)
-    if bounds.partition is not None:
-        unit, part = _identifier(bounds.unit), _identifier(bounds.partition)
-        source += (
-            f" JOIN (SELECT {unit} AS __partition_unit, MIN({part}) AS __partition_value "
-            f"FROM {_identifier(shape.table)} GROUP BY {unit}) AS __partitions "
-            f"ON {unit} = __partition_unit AND {part} = __partition_value"
-        )
+    source = _enforced(shape.table, bounds.unit, bounds.partition)
     ctes = [f"source AS (SELECT {', '.join(select)} FROM {source}{where})"]
 
     # One cell per (unit, group): what the unit's rows add to the group, before bounding.
@@ -264,7 +273,10 @@ def bounded_aggregate(
             f"CAST(LEAST(GREATEST(COALESCE({total}, 0), -{_EXACT}), {_EXACT}) AS BIGINT) "
             f"AS {_identifier(measure.name)}"
         )
-    outputs = [f"{k} AS {_identifier(c)}" for c, k in zip(shape.group_by, keys, strict=True)]
+    outputs = [
+        f"{f'CAST({k} AS VARCHAR)' if c in public_keys else k} AS {_identifier(c)}"
+        for c, k in zip(shape.group_by, keys, strict=True)
+    ]
     group = f" GROUP BY {', '.join(keys)}" if keys else ""
     sql = f"WITH {', '.join(ctes)} SELECT {', '.join(outputs + aggregates)} FROM {previous}{group}"
     return _in_dialect(sql, dialect)
@@ -334,13 +346,17 @@ def clipping_profile(
     max_rows_per_unit: int,
     exponents: Sequence[int],
     nonnegative: bool,
+    partition: str | None = None,
     dialect: str = "duckdb",
 ) -> str:
     """SQL returning one row with ``q_b`` for each exponent b: the sum over units of
     ``min(sum over the unit's rows of clamp(x / 2**b - 1, 0, 1), max_rows_per_unit)``, where x is
     the value (``|value|``, or ``max(value, 0)`` when ``nonnegative``). ``q_b`` is about the number
     of rows above 2**b, moves by at most ``max_rows_per_unit`` between neighbours, only upwards
-    when a unit is added (monotone), and falls to 0 once 2**b bounds every value."""
+    when a unit is added (monotone), and falls to 0 once 2**b bounds every value. With
+    ``partition``, the rows are those the aggregate reads: each unit's rows in its one partition
+    (and the WHERE clause restricts to the charged values), so the profile of a query charged to
+    some partition values depends only on the people with those values."""
     value = f"CAST({_identifier(column)} AS DOUBLE)"
     magnitude = f"GREATEST({value}, 0.0)" if nonnegative else f"ABS({value})"
     conditions = [f"{_identifier(column)} IS NOT NULL", f"NOT ISNAN({value})"]
@@ -356,7 +372,7 @@ def clipping_profile(
     )
     sql = (
         f"WITH source AS (SELECT {_identifier(unit)} AS __unit, {magnitude} AS __x "
-        f"FROM {_identifier(shape.table)} WHERE {' AND '.join(conditions)}), "
+        f"FROM {_enforced(shape.table, unit, partition)} WHERE {' AND '.join(conditions)}), "
         f"per_unit AS (SELECT __unit, {steps} FROM source GROUP BY __unit) "
         f"SELECT {totals} FROM per_unit"
     )

@@ -1,106 +1,91 @@
-"""Which values of a partition column a validated WHERE clause confines a query to.
+"""Which declared values of a partition column a WHERE clause may read, decided by the database.
 
-Only conjuncts on the partition column count: equalities, IN lists, BETWEEN and ordered comparisons,
-joined by AND and OR. Anything else on that column (NOT, <>, IS NULL) and any OR that mixes in
-other columns make the answer "unknown", and the query is charged sequentially.
+The charged set of values and the rows the generated SQL reads must agree by construction, in the
+database's own semantics (types, casts, collations), not in a second model of them. So:
+
+1. ``domain_probe`` builds a query that evaluates the WHERE clause over the declared values of the
+   partition column, every condition on another column replaced by NULL (unknown). Under SQL's
+   three-valued logic a clause that is FALSE with some conditions unknown is FALSE whatever they
+   are (Kleene logic is monotone), so a value for which it is not FALSE is one some row may pass:
+   that value is charged. The database runs the probe; it reads no table.
+2. ``restrict`` adds ``AND column IN (<the charged values>)`` to the clause the generated SQL
+   runs. Whatever the probe decided, no row outside the charged values is ever read: a gap in
+   the reasoning can make an answer smaller, never free.
 
 >>> import sqlglot
->>> where = sqlglot.parse_one("SELECT 1 FROM t WHERE c IN ('DK', 'NO') AND age > CAST(3 AS BIGINT)")
->>> partition_region(where.args["where"].this, "c").to_list()
-[['DK', True, 'DK', True], ['NO', True, 'NO', True]]
+>>> where = sqlglot.parse_one("SELECT 1 FROM t WHERE c = 'DK' OR age > 3").args["where"].this
+>>> probe = domain_probe(where, "c", [exp.Literal.string("DK"), exp.Literal.string("NO")])
+>>> probe.split(" WHERE ")[1]
+"(c = 'DK' OR CAST(NULL AS BOOLEAN)) IS NOT FALSE ORDER BY __i"
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sqlglot import exp
 
-from dpsql.accountant.regions import Interval, Region, Value
+__all__ = ["domain_probe", "literal_value", "mentions", "restrict"]
 
-__all__ = ["literal_value", "partition_region"]
-
-
-class _Unknown(Exception):
-    pass
+_CONNECTIVES = (exp.And, exp.Or, exp.Not, exp.Paren)
 
 
-def literal_value(node: exp.Expression) -> Value:
-    """The Python value of a typed literal produced by ``analyze`` (ValueError if not one)."""
-    try:
-        return _value(node)
-    except _Unknown:
-        raise ValueError(f"not a literal: {node.sql()}") from None
+def mentions(node: exp.Expression | None, column: str) -> bool:
+    """Whether ``node`` refers to ``column``."""
+    return node is not None and any(c.name == column for c in node.find_all(exp.Column))
 
 
-def _value(node: exp.Expression) -> Value:
-    if isinstance(node, exp.Cast):
-        node = node.this
-    negative = isinstance(node, exp.Neg)
-    if negative:
-        node = node.this
-    if not isinstance(node, exp.Literal):
-        raise _Unknown
-    if node.is_string:
-        return node.this
-    number: Value = float(node.this) if any(c in node.this for c in ".eE") else int(node.this)
-    return -number if negative else number
+def _keep_only(node: exp.Expression, column: str) -> exp.Expression:
+    """``node`` with every condition that refers to another column replaced by NULL."""
+    if isinstance(node, _CONNECTIVES):
+        node = node.copy()
+        for key in ("this", "expression"):
+            child = node.args.get(key)
+            if isinstance(child, exp.Expression):
+                node.set(key, _keep_only(child, column))
+        return node
+    others = {c.name for c in node.find_all(exp.Column)} - {column}
+    if others:
+        return exp.cast(exp.Null(), "BOOLEAN")
+    return node.copy()
 
 
-def _on_column(node: exp.Expression, column: str) -> bool:
-    return isinstance(node, exp.Column) and node.name == column
+def domain_probe(where: exp.Expression, column: str, values: Sequence[exp.Expression]) -> str:
+    """SQL (DuckDB dialect) listing the positions in ``values`` (typed literals of the partition
+    column) for which ``where`` may hold on some row."""
+    rows = ", ".join(f"({i}, {v.sql(dialect='duckdb')})" for i, v in enumerate(values))
+    name = exp.to_identifier(column, quoted=True).sql(dialect="duckdb")
+    condition = _keep_only(where, column).sql(dialect="duckdb")
+    return (
+        f"SELECT __i FROM (VALUES {rows}) AS __domain(__i, {name}) "
+        f"WHERE ({condition}) IS NOT FALSE ORDER BY __i"
+    )
 
 
-def _region(node: exp.Expression, column: str) -> Region | None:
-    """The region, or None when the node does not restrict the column."""
-    if isinstance(node, exp.Paren):
-        return _region(node.this, column)
-    if isinstance(node, exp.And):
-        left, right = _region(node.this, column), _region(node.expression, column)
-        if left is None or right is None:
-            return left if right is None else right
-        return left.intersect(right)
-    if isinstance(node, exp.Or):
-        left, right = _region(node.this, column), _region(node.expression, column)
-        if left is None or right is None:
-            if left is None and right is None and not _mentions(node, column):
-                return None
-            raise _Unknown
-        return left.union(right)
-    if not _mentions(node, column):
-        return None
-    if isinstance(node, exp.EQ) and _on_column(node.this, column):
-        return Region.point(_value(node.expression))
-    if isinstance(node, exp.In) and _on_column(node.this, column):
-        return Region(tuple(Interval(v, True, v, True) for v in map(_value, node.expressions)))
-    if isinstance(node, exp.Between) and _on_column(node.this, column):
-        low, high = _value(node.args["low"]), _value(node.args["high"])
-        return Region((Interval(low, True, high, True),))
-    bounds = {
-        exp.GT: (False, None),
-        exp.GTE: (True, None),
-        exp.LT: (None, False),
-        exp.LTE: (None, True),
-    }
-    if type(node) in bounds and _on_column(node.this, column):
-        value = _value(node.expression)
-        low_closed, high_closed = bounds[type(node)]
-        if low_closed is not None:
-            return Region((Interval(value, low_closed, None, False),))
-        return Region((Interval(None, False, value, bool(high_closed)),))
-    raise _Unknown
-
-
-def _mentions(node: exp.Expression, column: str) -> bool:
-    return any(c.name == column for c in node.find_all(exp.Column))
-
-
-def partition_region(where: exp.Expression | None, column: str) -> Region | None:
-    """The non-empty region of ``column`` values the WHERE clause allows, or None if unknown."""
+def restrict(
+    where: exp.Expression | None, column: str, values: Sequence[exp.Expression]
+) -> exp.Expression:
+    """``where AND column IN (values)``: the clause the generated SQL runs."""
+    inside = exp.In(
+        this=exp.column(column, quoted=True), expressions=[v.copy() for v in values]
+    )
     if where is None:
-        return None
-    try:
-        region = _region(where, column)
-    except _Unknown:
-        return None
-    if region is None or region.empty:
-        return None
-    return region
+        return inside
+    return exp.And(this=exp.Paren(this=where.copy()), expression=inside)
+
+
+def literal_value(node: exp.Expression) -> str | int | float | bool:
+    """The Python value of a typed literal produced by ``analyze`` (ValueError if not one)."""
+    if isinstance(node, exp.Boolean):
+        return bool(node.this)
+    if isinstance(node, exp.Cast) and isinstance(node.this, exp.Literal):
+        text = node.this.this
+        target = node.to
+        if target.is_type(*exp.DataType.INTEGER_TYPES):
+            return int(text)
+        if target.is_type(exp.DataType.Type.FLOAT, exp.DataType.Type.DOUBLE):
+            return float(text)
+        return text
+    if isinstance(node, exp.Literal) and node.is_string:
+        return node.this
+    raise ValueError(f"not a literal: {node.sql()}")

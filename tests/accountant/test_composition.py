@@ -1,8 +1,7 @@
-"""Parallel composition over partition regions, and the advanced-composition bound."""
+"""Parallel composition over partition values, and the advanced-composition bound."""
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import numpy as np
@@ -10,59 +9,64 @@ import pytest
 
 from dpsql.accountant.composition import Charge, advanced_total, basic_total, leaves, spend
 from dpsql.accountant.events import MechanismEvent, ParallelEvent, SequentialEvent
-from dpsql.accountant.regions import Interval, Region, max_cost_over_points
+from dpsql.accountant.partitions import Totals
 from dpsql.accountant.units import Cost
 
 
-def charge(epsilon: float, region: Region | None = None, family: str | None = "t.c") -> Charge:
+def charge(epsilon: float, values: tuple[str, ...] | None = None, family: str = "t.c") -> Charge:
     cost = Cost.of(epsilon)
-    return Charge("a", cost, ((epsilon, 0.0),), family if region else None, region)
+    return Charge("a", cost, ((epsilon, 0.0),), family if values else None, values)
 
 
 def test_disjoint_partitions_compose_in_parallel() -> None:
-    charges = [charge(1.0, Region.point("DK")), charge(1.0, Region.point("NO"))]
+    charges = [charge(1.0, ("DK",)), charge(1.0, ("NO",))]
     assert basic_total(charges) == Cost.of(1.0)
 
 
-def test_overlapping_partitions_add_up() -> None:
-    charges = [
-        charge(1.0, Region.point("DK")),
-        charge(0.5, Region((Interval("A", True, "E", False),))),  # contains DK
-        charge(0.25, Region.point("NO")),
-    ]
+def test_overlapping_value_sets_add_up() -> None:
+    charges = [charge(1.0, ("DK",)), charge(0.5, ("DK", "NO", "SE")), charge(0.25, ("NO",))]
     assert basic_total(charges) == Cost.of(1.5)
-
-
-def test_open_and_closed_ends_decide_disjointness() -> None:
-    below = Region((Interval(None, False, 10, False),))  # c < 10
-    at_or_above = Region((Interval(10, True, None, False),))  # c >= 10
-    at_most = Region((Interval(None, False, 10, True),))  # c <= 10
-    assert basic_total([charge(1.0, below), charge(1.0, at_or_above)]) == Cost.of(1.0)
-    assert basic_total([charge(1.0, at_most), charge(1.0, at_or_above)]) == Cost.of(2.0)
 
 
 def test_unpartitioned_charges_and_other_families_add() -> None:
     charges = [
-        charge(1.0, Region.point("DK")),
-        charge(1.0, Region.point("NO")),
+        charge(1.0, ("DK",)),
+        charge(1.0, ("NO",)),
         charge(0.5),
-        charge(0.25, Region.point(3), family="t.other"),
+        charge(0.25, ("3",), family="t.other"),
     ]
     assert basic_total(charges) == Cost.of(1.75)
 
 
-def test_max_over_points_matches_brute_force_on_integers() -> None:
+def test_incremental_totals_match_brute_force() -> None:
+    """The running totals (O(values touched) per charge) equal the largest spend of any one
+    person, recomputed from scratch after every charge, and ``total_with`` predicts ``add``."""
     rng = np.random.default_rng(7)
-    for _ in range(200):
-        charges = []
-        for _ in range(rng.integers(1, 6)):
-            low, high = sorted(rng.integers(0, 12, 2).tolist())
-            region = Region((Interval(low, bool(rng.integers(2)), high, bool(rng.integers(2))),))
-            charges.append((region, Cost(int(rng.integers(1, 100)), 0)))
-        best, _ = max_cost_over_points(charges)
-        halves = [x / 2 for x in range(-2, 27)]
-        brute = max(sum((c.epsilon_units for r, c in charges if r.contains(x)), 0) for x in halves)
-        assert best.epsilon_units == brute
+    people = [(str(a), str(b)) for a in range(6) for b in range(3)]  # (t.c, t.d) of a person
+    for _ in range(50):
+        totals, charges = Totals(), []
+        for _ in range(int(rng.integers(1, 12))):
+            family = ("t.c", "t.d")[int(rng.integers(2))]
+            width = 6 if family == "t.c" else 3
+            values = tuple(str(v) for v in rng.choice(width, int(rng.integers(1, 4))))
+            new = charge(float(rng.integers(1, 100)) / 100, values if rng.random() < 0.8 else None,
+                         family)
+            predicted = totals.total_with(new)
+            totals.add(new)
+            charges.append(new)
+            assert totals.total() == predicted
+
+            def exposure(person: tuple[str, str], charges: list[Charge] = charges) -> int:
+                return sum(
+                    c.cost.epsilon_units
+                    for c in charges
+                    if not c.partitioned
+                    or (c.values is not None and person[0 if c.family == "t.c" else 1] in c.values)
+                )
+
+            # Every combination of values is a possible person: the total is exactly the worst.
+            assert totals.total().epsilon_units == max(exposure(p) for p in people)
+            assert totals.total() == basic_total(charges)
 
 
 def test_advanced_composition_formula_and_when_it_wins() -> None:
@@ -95,24 +99,3 @@ def test_leaves_flatten_sequences_and_collapse_parallel_nodes() -> None:
         )
     )
     assert leaves(tree) == ((0.5, 0.0), (0.3, 1e-9))
-
-
-@pytest.mark.parametrize(
-    ("a", "b", "overlap"),
-    [
-        (Region.point("DK"), Region.point("DK"), True),
-        (Region.point(1), Region((Interval(1, False, 5, True),)), False),
-        (Region.point(1), Region((Interval(1, True, 5, True),)), True),
-        (Region.everything(), Region.point("x"), True),
-        (Region((Interval(0, True, 1, True), Interval(3, True, 4, True))), Region.point(2), False),
-    ],
-)
-def test_overlaps(a: Region, b: Region, overlap: bool) -> None:
-    assert a.overlaps(b) is overlap
-    assert b.overlaps(a) is overlap
-
-
-def test_region_round_trip() -> None:
-    for region in [Region.point("DK"), Region((Interval(None, False, 3.5, True),))]:
-        assert Region.from_list(region.to_list()) == region
-    assert list(itertools.islice(Region.point("DK").endpoints(), 1)) == ["DK"]

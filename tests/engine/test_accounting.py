@@ -62,14 +62,12 @@ def test_disjoint_partitions_are_charged_in_parallel(partitioned: Path) -> None:
         db.execute("SELECT COUNT(*) FROM visits WHERE country IN ('SE')", epsilon=0.6)
         with pytest.raises(BudgetExceededError) as refused:
             db.execute("SELECT COUNT(*) FROM visits WHERE country IN ('SE', 'DK')", epsilon=0.1)
-        assert "epsilon=0, delta=1e-06 remaining for the people where country = 'SE' OR " in str(
-            refused.value
-        )
+        assert "epsilon=0, delta=1e-06 remaining for the people where country is one of " \
+            "[DK, SE]" in str(refused.value)
         with pytest.raises(BudgetExceededError) as refused:
             db.execute("SELECT COUNT(*) FROM visits WHERE country = 'SE'", epsilon=0.5)
-        assert "epsilon=0.4, delta=1e-06 remaining for the people where country = 'SE'" in str(
-            refused.value
-        )
+        assert "epsilon=0.4, delta=1e-06 remaining for the people where country is one of " \
+            "[SE]" in str(refused.value)
         with pytest.raises(BudgetExceededError):
             db.execute("SELECT COUNT(*) FROM visits", epsilon=0.1)  # touches every partition
         db.execute("SELECT COUNT(*) FROM visits WHERE country = 'SE'", epsilon=0.4)
@@ -82,7 +80,7 @@ def test_disjoint_partitions_are_charged_in_parallel(partitioned: Path) -> None:
         "visits.country = 'SE'": 1.0,
     }
     entry = database_ledger(partitioned)[1]
-    assert entry["partition"] == {"family": "visits.country", "region": [["DK", True, "DK", True]]}
+    assert entry["partition"] == {"family": "visits.country", "values": ["DK"]}
 
 
 def test_partitions_bind_across_analysts(partitioned: Path) -> None:

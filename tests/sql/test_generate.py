@@ -315,7 +315,8 @@ def test_typed_public_keys_of_several_columns(connection: duckdb.DuckDBPyConnect
     }
     result = _run(connection, shape, [ROWS], Bounds("u", 6, 5, 30), keys)
     assert list(result.columns) == ["d", "k", "n"]
-    got = {(str(d.date()), int(k)): int(n) for d, k, n in result.itertuples(index=False)}
+    # Public-key columns come back as the database prints them: answers align on its spelling.
+    got = {(d, int(k)): int(n) for d, k, n in result.itertuples(index=False)}
     assert got == {("2024-01-01", 10): 2, ("2024-01-02", 20): 1, ("2024-01-03", 10): 1}
 
 
@@ -557,7 +558,7 @@ def test_generated_sql_never_contains_the_users_text() -> None:
     assert "secret" not in sql
     assert "my_alias" not in sql
     assert "5 < age" not in sql
-    assert '"age" > CAST(5 AS BIGINT)' in sql
+    assert '"age" > CAST(\'5\' AS INT)' in sql
 
 
 @pytest.mark.parametrize("dialect", ["spark", "postgres", "bigquery", "snowflake", "trino"])

@@ -1,0 +1,259 @@
+"""Literals, collations and partition values, decided by the database that runs the query.
+
+What dpsql charges and what the database reads must agree in the database's own semantics, not in
+a second model of them in Python. Before a query is priced, ``Binder``:
+
+* converts every literal the analyzer emitted (``CAST('<text>' AS <column type>)``) with the
+  backend itself, refuses one the backend cannot convert (out of range, not a value of the type)
+  or converts inexactly (``2.5`` for a BIGINT, ``9007199254740993`` for a DOUBLE, more digits
+  than a DECIMAL keeps), and replaces it by the backend's own spelling of the converted value;
+* refuses string columns whose comparisons are not binary (a ``COLLATE NOCASE`` column, or a view
+  applying a collation), probed without reading a row;
+* for a table with a partition column, evaluates the WHERE clause over the column's declared
+  values in the backend (``dpsql.sql.partition.domain_probe``) and restricts the clause the
+  generated SQL runs to exactly the values it will be charged for.
+
+Every step reads metadata or literals only, never a row of a table, so refusals here depend on the
+query and the policy alone and charge nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from decimal import Decimal
+from typing import Protocol
+
+import pandas as pd
+import sqlglot
+from sqlglot import exp
+
+from dpsql.engine.policy import Policy, PublicKey, TablePolicy
+from dpsql.errors import PolicyError, UnsupportedQueryError
+from dpsql.sql.analyze import temporal_pattern
+from dpsql.sql.partition import domain_probe, mentions, restrict
+from dpsql.sql.shape import ColumnKind, QueryShape
+
+__all__ = ["Binder", "BoundShape", "Runner"]
+
+_PROBE_STRINGS = ("B", "a", "A", "é", "e", "e\u0301", "ss", "ß", "a ", "")
+"""Strings that any non-binary collation (case, accents, normalisation, ICU) groups or orders
+differently from bytewise comparison."""
+
+
+class Runner(Protocol):
+    """What the binder needs from a backend (``dialect``: the SQL it runs, default DuckDB)."""
+
+    def run(self, sql: str) -> pd.DataFrame: ...
+
+
+@dataclass(frozen=True)
+class BoundShape:
+    """A shape whose literals are the backend's own, and its partition charge (if any):
+    (family, the declared values it reads, as the backend spells them)."""
+
+    shape: QueryShape
+    partition: tuple[str, tuple[str, ...]] | None
+
+
+def _quote(value: str) -> str:
+    return exp.Literal.string(value).sql(dialect="duckdb")
+
+
+def _is_float(target: exp.DataType) -> bool:
+    return target.is_type(exp.DataType.Type.FLOAT, exp.DataType.Type.DOUBLE)
+
+
+def _is_exact_number(target: exp.DataType) -> bool:
+    return target.is_type(*exp.DataType.INTEGER_TYPES, exp.DataType.Type.DECIMAL)
+
+
+class Binder:
+    """Binds shapes and public keys to one backend's semantics (see the module docstring)."""
+
+    def __init__(self, backend: Runner, catalog: dict[str, dict[str, str]]):
+        self.backend = backend
+        self.catalog = catalog
+        self._binary: dict[tuple[str, str], bool] = {}
+
+    def _run(self, sql: str) -> pd.DataFrame:
+        """Run ``sql`` (DuckDB's dialect) on the backend, transpiled to its dialect."""
+        dialect = getattr(self.backend, "dialect", "duckdb")
+        if dialect != "duckdb":
+            sql = sqlglot.transpile(sql, read="duckdb", write=dialect)[0]
+        return self.backend.run(sql)
+
+    # literals -----------------------------------------------------------------------------------
+    def convert(self, literals: Sequence[exp.Cast], what: str) -> list[exp.Cast]:
+        """Each ``CAST('<text>' AS T)`` converted by the backend and re-spelled as it prints the
+        value; ``UnsupportedQueryError`` (``PolicyError`` for policy values, ``what`` says which)
+        naming the first literal that does not convert exactly."""
+        converted: list[exp.Cast | None] = [None] * len(literals)
+        by_type: dict[str, list[int]] = {}
+        for index, literal in enumerate(literals):
+            by_type.setdefault(literal.to.sql(dialect="duckdb"), []).append(index)
+        for type_sql, indices in by_type.items():
+            target = literals[indices[0]].to
+            rows = ", ".join(f"({i}, {_quote(literals[i].this.this)})" for i in indices)
+            value = f"TRY_CAST(__t AS {type_sql})"
+            exact = f"CAST(CAST({value} AS DOUBLE) AS VARCHAR)" if _is_float(target) else "NULL"
+            frame = self._run(
+                f"SELECT __i, CAST({value} AS VARCHAR) AS __c, {exact} AS __x "
+                f"FROM (VALUES {rows}) AS __literals(__i, __t) ORDER BY __i"
+            )
+            for i, spelled, widened in frame.itertuples(index=False, name=None):
+                literal = literals[int(i)]
+                text = literal.this.this
+                if not isinstance(spelled, str) or not _exact(text, spelled, widened, target):
+                    self._refuse(literal, text, type_sql, what)
+                converted[int(i)] = exp.Cast(this=exp.Literal.string(spelled), to=target.copy())
+        return [c for c in converted if c is not None]
+
+    @staticmethod
+    def _refuse(literal: exp.Cast, text: str, type_sql: str, what: str) -> None:
+        message = (
+            f"{what} {text!r} is not exactly a value of type {type_sql}: it is out of range, "
+            "not of that type, or would be rounded"
+        )
+        if what != "literal":
+            raise PolicyError(message)
+        line, column = literal.meta.get("position", (None, None))
+        raise UnsupportedQueryError(message, line=line, column=column)
+
+    # collations ---------------------------------------------------------------------------------
+    def _order(self, source: str) -> list[str]:
+        rows = ", ".join(f"({_quote(s)})" for s in _PROBE_STRINGS)
+        frame = self._run(
+            f"SELECT __x FROM ({source} UNION ALL SELECT * FROM (VALUES {rows}) AS __p(__x)) "
+            "AS __all GROUP BY __x ORDER BY __x"
+        )
+        return [str(v) for v in frame.iloc[:, 0]]
+
+    def is_binary(self, table: str, column: str) -> bool:
+        """Whether ``table.column`` compares, groups and orders strings bytewise (probed with
+        ``WHERE false``: no row is read)."""
+        key = (table, column)
+        if key not in self._binary:
+            name = exp.to_identifier(column, quoted=True).sql(dialect="duckdb")
+            source = exp.to_identifier(table, quoted=True).sql(dialect="duckdb")
+            plain = self._order("SELECT CAST(NULL AS VARCHAR) AS __x WHERE false")
+            found = self._order(f"SELECT {name} AS __x FROM {source} WHERE false")
+            self._binary[key] = found == plain
+        return self._binary[key]
+
+    def check_binary(self, table: str, columns: Sequence[str]) -> None:
+        types = self.catalog.get(table, {})
+        for column in columns:
+            if ColumnKind.of(types.get(column, "")) is ColumnKind.STRING and not self.is_binary(
+                table, column
+            ):
+                raise UnsupportedQueryError(
+                    f"column {column!r} of table {table!r} has a non-binary collation (e.g. "
+                    "NOCASE): dpsql cannot filter, group or partition on it; expose it through a "
+                    "view that normalises the text (e.g. lower(...)) and has no collation"
+                )
+
+    # public keys --------------------------------------------------------------------------------
+    def keys(self, table: str, column: str, keys: Sequence[PublicKey]) -> list[exp.Cast]:
+        """The declared keys of ``table.column`` as the backend's own typed literals; refuses a
+        key that is not exactly a value of the column's type and two keys that are one value."""
+        type_name = self.catalog[table][column]
+        kind = ColumnKind.of(type_name)
+        target = exp.DataType.build(type_name, dialect="duckdb")
+        drafts = [
+            exp.Cast(this=exp.Literal.string(_key_text(k, kind, type_name, column)), to=target)
+            for k in keys
+        ]
+        converted = self.convert(drafts, f"public key of {table}.{column}")
+        seen: dict[str, PublicKey] = {}
+        for key, literal in zip(keys, converted, strict=True):
+            spelled = literal.this.this
+            if spelled in seen:
+                raise PolicyError(
+                    f"public keys {seen[spelled]!r} and {key!r} of {table}.{column} are the same "
+                    f"{type_name} value ({spelled!r}); list each value once"
+                )
+            seen[spelled] = key
+        return converted
+
+    # shapes -------------------------------------------------------------------------------------
+    def bind(self, shape: QueryShape, policy: Policy) -> BoundShape:
+        """``shape`` with backend-converted literals, binary string columns, and its WHERE clause
+        restricted to the partition values it is charged for."""
+        table = policy.table(shape.table)
+        used = sorted({c.name for c in shape.where.find_all(exp.Column)} if shape.where else set())
+        used += list(shape.group_by) if shape.range_join is None else []
+        if shape.range_join is not None:
+            used.append(shape.range_join.value)
+        if table is not None and table.partition_column is not None:
+            used.append(table.partition_column)
+        self.check_binary(shape.table, sorted(set(used)))
+        where = shape.where
+        if where is not None:
+            where = self._converted(where)
+        partition = None
+        if table is not None and table.partition_column is not None and mentions(
+            where, table.partition_column
+        ):
+            where, partition = self._partitioned(shape.table, table, where)
+        return BoundShape(replace(shape, where=where), partition)
+
+    def _converted(self, where: exp.Expression) -> exp.Expression:
+        where = where.copy()
+        casts = [c for c in where.find_all(exp.Cast) if isinstance(c.this, exp.Literal)]
+        for old, new in zip(casts, self.convert(casts, "literal"), strict=True):
+            old.replace(new)
+        return where
+
+    def _partitioned(
+        self, table_name: str, table: TablePolicy, where: exp.Expression
+    ) -> tuple[exp.Expression, tuple[str, tuple[str, ...]]]:
+        column = table.partition_column
+        assert column is not None
+        declared = table.column(column).public_keys
+        if declared is None:
+            raise PolicyError(
+                f"partition column {table_name}.{column} needs its values declared: set "
+                f"[tables.{table_name}.columns.{column}] public_keys = [...]"
+            )
+        values = self.keys(table_name, column, declared)
+        frame = self._run(domain_probe(where, column, values))
+        charged = [values[int(i)] for i in frame.iloc[:, 0]]
+        if not charged:
+            raise UnsupportedQueryError(
+                f"the WHERE clause admits none of the declared values of the partition column "
+                f"{column!r}: there is nothing to answer"
+            )
+        family = f"{table_name}.{column}"
+        return restrict(where, column, charged), (family, tuple(v.this.this for v in charged))
+
+
+def _key_text(key: PublicKey, kind: ColumnKind, type_name: str, column: str) -> str:
+    """A declared key as the text to convert; its Python type must fit the column's kind."""
+    problem = f"public key {key!r} of column {column!r} does not match its type ({type_name})"
+    if isinstance(key, bool):
+        if kind is not ColumnKind.BOOLEAN:
+            raise PolicyError(problem)
+        return "true" if key else "false"
+    if isinstance(key, (int, float)):
+        if not kind.numeric:
+            raise PolicyError(problem)
+        return str(key) if isinstance(key, int) else repr(key)
+    if kind is ColumnKind.STRING:
+        return key
+    if kind in (ColumnKind.DATE, ColumnKind.TIMESTAMP) and temporal_pattern(type_name).fullmatch(
+        key
+    ):
+        return key
+    raise PolicyError(problem)
+
+
+def _exact(text: str, spelled: str, widened: object, target: exp.DataType) -> bool:
+    """Whether the backend's value (``spelled``; ``widened`` = as a DOUBLE for float types) is
+    exactly the number written as ``text``. Non-numbers are exact once converted: their form was
+    checked by the analyzer (``temporal_pattern``)."""
+    if _is_exact_number(target):
+        return Decimal(text) == Decimal(spelled)
+    if _is_float(target):
+        return isinstance(widened, str) and Decimal(text) == Decimal(float(widened))
+    return True
