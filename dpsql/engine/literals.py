@@ -238,7 +238,11 @@ def _key_text(key: PublicKey, kind: ColumnKind, type_name: str, column: str) -> 
     if isinstance(key, (int, float)):
         if not kind.numeric:
             raise PolicyError(problem)
-        return str(key) if isinstance(key, int) else repr(key)
+        if isinstance(key, int):
+            return str(key)
+        # A float key is its exact binary value for float columns; for exact (DECIMAL) columns
+        # it is the shortest decimal that reads back as it, i.e. the number the policy wrote.
+        return str(Decimal(key)) if kind is ColumnKind.FLOAT else repr(key)
     if kind is ColumnKind.STRING:
         return key
     if kind in (ColumnKind.DATE, ColumnKind.TIMESTAMP) and temporal_pattern(type_name).fullmatch(
