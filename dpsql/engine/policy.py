@@ -168,6 +168,16 @@ class TablePolicy(_Frozen):
         default=None, description="format of the source files (default: from their extension)"
     )
 
+    @model_validator(mode="after")
+    def _partition_values_declared(self) -> TablePolicy:
+        column = self.partition_column
+        if column is not None and self.column(column).public_keys is None:
+            raise ValueError(
+                f"partition column {column!r} needs its values declared: set "
+                f"columns.{column}.public_keys = [...] (queries are charged to these values)"
+            )
+        return self
+
     def column(self, name: str) -> ColumnPolicy:
         """The rules for ``name`` (no rules: counted and filtered only)."""
         return self.columns.get(name, ColumnPolicy())

@@ -1,0 +1,228 @@
+"""Regression tests: one per free or under-charged read a hostile analyst found (issue 11)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pytest
+
+import dpsql
+from dpsql.accountant.partitions import Charge, Totals
+from dpsql.accountant.units import Cost
+from dpsql.engine.session import database_budget, set_policy
+from dpsql.errors import BudgetExceededError, PolicyError, QueryError, UnsupportedQueryError
+from dpsql.sql.analyze import analyze
+from dpsql.sql.generate import clipping_profile
+from dpsql.sql.parse import parse
+
+
+def _database(path: Path, create: str, rows: str, policy: str) -> Path:
+    connection = duckdb.connect(str(path))
+    connection.execute(create)
+    connection.execute(f"INSERT INTO t VALUES {rows}")
+    connection.close()
+    set_policy(path, policy)
+    return path
+
+
+_CAP = """
+[dataset]
+epsilon = 1.0
+delta = 1e-6
+[analysts.a]
+epsilon = 1.0
+[tables.t]
+privacy_unit = "uid"
+partition_column = "day"
+max_rows_per_unit = 2
+[tables.t.columns.salary]
+bounds = [0, 1000000]
+"""
+
+
+@pytest.fixture
+def days(tmp_path: Path) -> Path:
+    policy = _CAP + '[tables.t.columns.day]\npublic_keys = ["2024-01-01 00:00:00", ' \
+        '"2024-01-13 00:00:00"]\n'
+    rows = ", ".join(
+        f"({u}, TIMESTAMP '2024-01-{1 if u % 2 else 13:02d} 00:00:00', {1000 * u})"
+        for u in range(40)
+    )
+    return _database(
+        tmp_path / "d.duckdb", "CREATE TABLE t (uid BIGINT, day TIMESTAMP, salary DOUBLE)", rows,
+        policy,
+    )
+
+
+def test_timestamp_offsets_are_refused_not_new_partitions(days: Path) -> None:
+    """Item 1: '...+00:01', '...+00:02' were distinct values to the ledger, one to DuckDB."""
+    with dpsql.connect(days, analyst="a") as db:
+        for minute in range(1, 4):
+            with pytest.raises(UnsupportedQueryError, match="without an offset"):
+                db.execute(
+                    f"SELECT COUNT(*) FROM t WHERE day = '2024-01-01T00:00:00+00:{minute:02d}'",
+                    epsilon=1.0,
+                )
+        db.execute("SELECT COUNT(*) FROM t WHERE day = '2024-01-01 00:00:00'", epsilon=1.0)
+        with pytest.raises(BudgetExceededError):
+            db.execute("SELECT COUNT(*) FROM t WHERE day = '2024-01-01T00:00'", epsilon=0.5)
+    assert database_budget(days).dataset.epsilon_spent == 1.0
+
+
+def test_reversed_between_is_charged_to_what_duckdb_reads(days: Path) -> None:
+    """Item 2: a reversed BETWEEN charged nothing while DuckDB read rows; now DuckDB decides."""
+    with dpsql.connect(days, analyst="a") as db:
+        with pytest.raises(UnsupportedQueryError, match="admits none of the declared values"):
+            db.execute(
+                "SELECT SUM(salary) FROM t WHERE uid = 42 AND day BETWEEN '2024-01-13' "
+                "AND '2024-01-12'",
+                epsilon=1.0,
+            )
+        answer = db.execute(
+            "SELECT COUNT(*) FROM t WHERE day BETWEEN SYMMETRIC '2024-01-13' AND '2024-01-12'",
+            epsilon=0.5,
+        )
+        assert answer.epsilon == 0.5
+        entry = db.ledger()[-1]
+        assert entry["partition"] == {"family": "t.day", "values": ["2024-01-13 00:00:00"]}
+    assert database_budget(days).dataset.epsilon_spent == 0.5
+
+
+def test_numeric_literals_are_exact_values_of_the_column_type(tmp_path: Path) -> None:
+    """Item 5: 2**53 + 1 and 2**53 + 0.0 were two 'disjoint' partitions; near 2**62 a DOUBLE
+    matched ~1000 integer literals."""
+    policy = _CAP.replace('"day"', '"n"').replace("[tables.t.columns.salary]\n", "") \
+        .replace("bounds = [0, 1000000]\n", "")
+    policy += "[tables.t.columns.n]\npublic_keys = [9007199254740992, 9007199254740993]\n"
+    path = _database(
+        tmp_path / "n.duckdb", "CREATE TABLE t (uid BIGINT, n BIGINT, d DOUBLE)",
+        "(1, 9007199254740993, 4611686018427387904), (2, 9007199254740992, 1.0)", policy,
+    )
+    with dpsql.connect(path, analyst="a") as db:
+        db.execute("SELECT COUNT(*) FROM t WHERE n = 9007199254740992.0", epsilon=1.0)
+        with pytest.raises(BudgetExceededError):  # the same value as 9007199254740992
+            db.execute("SELECT COUNT(*) FROM t WHERE n = 9007199254740992", epsilon=0.1)
+        db.execute("SELECT COUNT(*) FROM t WHERE n = 9007199254740993", epsilon=1.0)  # disjoint
+        with pytest.raises(UnsupportedQueryError, match="not exactly a value of type DOUBLE"):
+            db.explain("SELECT COUNT(*) FROM t WHERE d = 4611686018427387905", epsilon=0.1)
+
+
+def test_automatic_bounds_read_only_the_charged_partitions(tmp_path: Path) -> None:
+    """Item 6: a DK person changed the bound chosen for WHERE country = 'NO'."""
+    catalog = {"t": {"uid": "BIGINT", "country": "VARCHAR", "v": "DOUBLE"}}
+    profiles = []
+    for outlier in (False, True):
+        connection = duckdb.connect()
+        connection.execute("CREATE TABLE t (uid BIGINT, country VARCHAR, v DOUBLE)")
+        connection.execute("INSERT INTO t VALUES (1, 'NO', 1.0), (2, 'NO', 0.5)")
+        if outlier:  # a DK person, with a stray NO row: enforced into DK, never read for NO
+            connection.execute("INSERT INTO t VALUES (0, 'DK', 1e9), (0, 'NO', 1e9)")
+        shape = analyze(
+            parse("SELECT SUM(v) FROM t WHERE country IN ('NO') AND country = 'NO'"), catalog
+        )
+        sql = clipping_profile(
+            shape, column="v", unit="uid", max_rows_per_unit=1, exponents=range(-2, 40),
+            nonnegative=True, partition="country",
+        )
+        profiles.append(connection.execute(sql).fetchall())
+        connection.close()
+    assert profiles[0] == profiles[1]
+
+
+def test_non_binary_collations_are_refused(tmp_path: Path) -> None:
+    """Item 7: 'DK', 'Dk', 'dK', 'dk' were four partitions to the ledger, one to DuckDB."""
+    policy = _CAP.replace('"day"', '"country"')
+    policy += '[tables.t.columns.country]\npublic_keys = ["DK", "dk"]\n'
+    path = _database(
+        tmp_path / "c.duckdb",
+        "CREATE TABLE t (uid BIGINT, country VARCHAR COLLATE NOCASE, salary DOUBLE)",
+        "(1, 'DK', 1), (2, 'dk', 2)", policy,
+    )
+    with dpsql.connect(path, analyst="a") as db:
+        for sql in (
+            "SELECT COUNT(*) FROM t WHERE country = 'Dk'",
+            "SELECT COUNT(*) FROM t WHERE salary > 0",  # partitioned table: column still read
+            "SELECT COUNT(*) FROM t WHERE country BETWEEN 'a' AND 'Z'",
+        ):
+            with pytest.raises(UnsupportedQueryError, match="non-binary collation"):
+                db.execute(sql, epsilon=0.1)
+    assert database_budget(path).dataset.epsilon_spent == 0.0
+
+
+def test_public_keys_in_two_spellings_are_refused_when_the_policy_is_set(tmp_path: Path) -> None:
+    """Item 8: '2024-01-01' and '2024-1-1' answered one group twice for the price of one."""
+    policy = _CAP.replace('partition_column = "day"\n', "")
+    connection = duckdb.connect(str(tmp_path / "k.duckdb"))
+    connection.execute("CREATE TABLE t (uid BIGINT, day DATE, salary DOUBLE)")
+    connection.close()
+    for keys, message in (
+        ('["2024-01-01", "2024-1-1"]', "does not match its type"),
+        ('["2024-01-01 00:00:00+00", "2024-01-01 01:00:00+01"]', "does not match its type"),
+    ):
+        with pytest.raises(PolicyError, match=message):
+            set_policy(
+                tmp_path / "k.duckdb", policy + f"[tables.t.columns.day]\npublic_keys = {keys}\n"
+            )
+    connection = duckdb.connect(str(tmp_path / "z.duckdb"))
+    connection.execute("CREATE TABLE t (uid BIGINT, day TIMESTAMPTZ, salary DOUBLE)")
+    connection.close()
+    with pytest.raises(PolicyError, match="are the same TIMESTAMP WITH TIME ZONE value"):
+        set_policy(
+            tmp_path / "z.duckdb",
+            policy + '[tables.t.columns.day]\npublic_keys = ["2024-01-01 00:00:00+00", '
+            '"2024-01-01 01:00:00+01"]\n',
+        )
+
+
+def test_group_by_answers_each_public_key_once_in_the_databases_spelling(days: Path) -> None:
+    with dpsql.connect(days, analyst="a") as db:
+        result = db.execute(
+            "SELECT day, COUNT(*) AS n FROM t WHERE day = '2024-01-01' GROUP BY day", epsilon=1.0
+        )
+    assert [row[0] for row in result.rows] == ["2024-01-01 00:00:00", "2024-01-13 00:00:00"]
+    assert abs(result.rows[0][1] - 20) < 20 and abs(result.rows[1][1]) < 20
+
+
+def test_a_charge_costs_the_values_it_touches_not_the_history() -> None:
+    """Item 12: every charge re-probed every stored region. Now a charge's price reads only the
+    running totals of the values it touches (counted here by a totals map that logs lookups)."""
+
+    class Logged(dict):
+        reads = 0
+
+        def get(self, key, default=None):  # type: ignore[override]
+            Logged.reads += 1
+            return super().get(key, default)
+
+    totals = Totals()
+    totals.add(Charge("a", Cost.of(0.001), ((0.001, 0.0),), "t.p", tuple(map(str, range(3500)))))
+    totals.values["t.p"] = Logged(totals.values["t.p"])
+    for value in range(100):
+        totals.add(Charge("a", Cost.of(0.001), ((0.001, 0.0),), "t.p", (str(value),)))
+    Logged.reads = 0
+    new = Charge("a", Cost.of(0.001), ((0.001, 0.0),), "t.p", ("7",))
+    assert totals.total_with(new) == Cost.of(0.003)
+    assert Logged.reads == 1
+
+
+def test_refusals_before_the_charge_leave_the_ledger_untouched(days: Path) -> None:
+    with dpsql.connect(days, analyst="a") as db:
+        before = len(db.ledger())
+        for sql in (
+            "SELECT COUNT(*) FROM t WHERE day = '2024-02-30'",
+            "SELECT COUNT(*) FROM t WHERE uid = 1.5",
+            "SELECT COUNT(*) FROM t WHERE day IN ('2023-01-01 00:00:00')",
+        ):
+            with pytest.raises(QueryError):
+                db.execute(sql, epsilon=0.5)
+        assert len(db.ledger()) == before
+
+
+def test_partition_columns_need_declared_values(tmp_path: Path) -> None:
+    path = tmp_path / "p.duckdb"
+    connection = duckdb.connect(str(path))
+    connection.execute("CREATE TABLE t (uid BIGINT, day VARCHAR, salary DOUBLE)")
+    connection.close()
+    with pytest.raises(PolicyError, match="partition column"):
+        set_policy(path, _CAP)
