@@ -54,6 +54,7 @@ from dpsql.engine.synopses import SynopsisStore
 from dpsql.mechanisms import combined, threshold
 from dpsql.mechanisms.combined import CombinedRelease
 from dpsql.mechanisms.laplace import noise_scale
+from dpsql.mechanisms.random import _seeded_for_tests
 
 EPSILON, DELTA = 1.0, 1e-6
 MAX_GROUPS, MAX_ROWS = 10, 1
@@ -413,7 +414,7 @@ def utility_engine(directory: Path, visits: pd.DataFrame, trials: int) -> pd.Ser
         counts, errors, biases, lookups = [], [], [], []
         for trial in range(trials):
             rng = np.random.default_rng(100 + trial)
-            with dpsql.connect(path, analyst="bench", rng=rng) as session:
+            with _seeded_for_tests(rng), dpsql.connect(path, analyst="bench") as session:
                 result = session.execute(sql, epsilon=EPSILON, delta=DELTA, **options)
                 keys = np.array([row[0] for row in result.rows], dtype=object)
                 values = np.array([row[1] for row in result.rows], dtype=np.float64)

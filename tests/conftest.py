@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+import dpsql
 from dpsql.engine.demo import DEMO_POLICY, build_demo
 from dpsql.engine.session import set_policy
 
@@ -38,3 +39,16 @@ def make_database(path: Path, tables: dict[str, pd.DataFrame], policy: str) -> P
         connection.close()
     set_policy(path, policy)
     return path
+
+
+def seeded(function, *args, rng: np.random.Generator, **kwargs):
+    """Call ``function`` (``dpsql.connect``, ``dpsql.Session``, ``publish_rr``...) with sessions
+    drawing from ``rng``, through the internal test hook (analysts cannot choose the generator)."""
+    from dpsql.mechanisms.random import _seeded_for_tests
+
+    with _seeded_for_tests(rng):
+        return function(*args, **kwargs)
+
+
+def seeded_connect(*args, rng: np.random.Generator, **kwargs) -> dpsql.Session:
+    return seeded(dpsql.connect, *args, rng=rng, **kwargs)

@@ -17,6 +17,7 @@ from dpsql.cli import cli, main
 from dpsql.cli_progress import ProgressDisplay
 from dpsql.engine.demo import DEMO_POLICY, build_demo
 from dpsql.engine.session import connect, set_policy
+from dpsql.mechanisms.random import _seeded_for_tests
 
 SQL = "SELECT country, COUNT(*) AS n, AVG(latency_ms) AS l FROM requests GROUP BY country"
 
@@ -32,7 +33,8 @@ def seeded(monkeypatch) -> None:
     """Every CLI session draws its noise from the same seed, so two runs print the same."""
 
     def seeded_connect(*args: Any, **kwargs: Any):
-        return connect(*args, rng=np.random.default_rng(7), **kwargs)
+        with _seeded_for_tests(np.random.default_rng(7)):
+            return connect(*args, **kwargs)
 
     monkeypatch.setattr(dpsql.cli, "connect", seeded_connect)
 

@@ -796,7 +796,6 @@ def publish_rr(
     chunks: int | None = None,
     alpha: float = 2.0,
     max_items: int | None = None,
-    rng: np.random.Generator | None = None,
     progress: Progress | None = None,
 ) -> PublishedRelease:
     """Publish every person's item set of ``table`` with compressed randomized response.
@@ -805,15 +804,15 @@ def publish_rr(
     units is published): each item costs ``epsilon / min(2·max_items, n)``. The item universe
     comes from the policy (``public_keys`` or integer ``bounds`` of ``item``), ``max_items``
     defaults to the table's ``max_rows_per_unit``, ``chunks`` to a choice from those public
-    values. Checks, then charges, then reads, encodes and stores (module docstring). ``rng``
-    (None: the secure default) draws the public seed, the cap's subsets and the encoder's noise.
+    values. Checks, then charges, then reads, encodes and stores (module docstring). The session's
+    secure generator draws the public seed, the cap's subsets and the encoder's noise.
     ``progress`` (``dpsql.engine.progress``) is told the stages after the charge.
     """
     report = progress if progress is not None else no_progress
     name = _check_name(name)
     # Fail before the charge if the file cannot be written (e.g. another process has it open).
     _open_writable(database).close()
-    with Session(database, analyst=analyst, rng=rng) as session:
+    with Session(database, analyst=analyst) as session:
         catalog = session.backend.catalog()
         plan = plan_release(
             session.policy,

@@ -47,7 +47,7 @@ from dpsql.engine.synopses import now as synopsis_time
 from dpsql.errors import ParameterError, PolicyError
 from dpsql.mechanisms import svt
 from dpsql.mechanisms.combined import CombinedRelease
-from dpsql.mechanisms.random import resolve_rng
+from dpsql.mechanisms.random import session_generator
 from dpsql.sql.analyze import analyze
 from dpsql.sql.generate import (
     bounded_aggregate,
@@ -167,7 +167,6 @@ class Session:
         analyst: str,
         dialect: str = "duckdb",
         backend: Backend | None = None,
-        rng: np.random.Generator | None = None,
         progress: Progress | None = None,
         memory_limit: str | None = None,
     ):
@@ -180,7 +179,7 @@ class Session:
         self.dialect = dialect
         if backend is None and not self.database.is_file() and not ledger_path(database).exists():
             raise ParameterError(f"database file {str(database)!r} does not exist")
-        self.rng = resolve_rng(rng)
+        self.rng = session_generator()
         self._ledger = Ledger(ledger_path(database), dataset=self.database.stem)
         self.policy = self._load_policy()
         self._ledger.dataset = _dataset_name(database, self.policy)
@@ -634,14 +633,13 @@ def connect(
     *,
     analyst: str,
     dialect: str = "duckdb",
-    rng: np.random.Generator | None = None,
     progress: Progress | None = None,
     memory_limit: str | None = None,
 ) -> Session:
     """Open a session on a DuckDB database file whose policy has been set.
 
-    ``dialect`` is the SQL dialect the analyst writes in (any sqlglot dialect); ``rng`` a seeded
-    generator for reproducible tests (default: the secure generator); ``progress`` is told the
+    ``dialect`` is the SQL dialect the analyst writes in (any sqlglot dialect); noise always comes
+    from the secure generator (no caller can choose it); ``progress`` is told the
     stages of each ``execute`` (``dpsql.engine.progress``); ``memory_limit`` (e.g. ``"6GB"``)
     caps DuckDB's memory, larger work spilling to a temporary directory.
     """
@@ -649,7 +647,6 @@ def connect(
         database,
         analyst=analyst,
         dialect=dialect,
-        rng=rng,
         progress=progress,
         memory_limit=memory_limit,
     )

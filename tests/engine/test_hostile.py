@@ -226,3 +226,18 @@ def test_partition_columns_need_declared_values(tmp_path: Path) -> None:
     connection.close()
     with pytest.raises(PolicyError, match="partition column"):
         set_policy(path, _CAP)
+
+
+def test_the_analyst_cannot_choose_the_generator(days: Path) -> None:
+    """Item 4: connect(..., rng=default_rng(1234)) let the analyst replay every draw."""
+    import numpy as np
+
+    for opener in (dpsql.connect, dpsql.Session):
+        with pytest.raises(TypeError, match="rng"):
+            opener(days, analyst="a", rng=np.random.default_rng(1234))  # type: ignore[call-arg]
+    states = []
+    for _ in range(2):
+        with dpsql.connect(days, analyst="a") as db:
+            assert type(db.rng.bit_generator).__name__ == "ChaCha"
+            states.append(str(db.rng.bit_generator.state))
+    assert states[0] != states[1]

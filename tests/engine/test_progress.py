@@ -17,6 +17,7 @@ from dpsql.engine.backends import DuckDBBackend
 from dpsql.engine.progress import accepts_progress, run_duckdb
 from dpsql.engine.spark import SparkBackend
 from dpsql.errors import ExecutionError
+from tests.conftest import seeded, seeded_connect
 
 # About a second in DuckDB on two cores: long enough to be polled a few times at 0.1 s.
 SLOW_SQL = (
@@ -117,7 +118,7 @@ def test_ctrl_c_while_waiting_stops_the_query(memory_backend) -> None:
 
 
 def test_session_reports_stages_after_the_charge(demo_db: Path, rng) -> None:
-    with dpsql.connect(demo_db, analyst="alice", rng=rng) as db:
+    with seeded_connect(demo_db, analyst="alice", rng=rng) as db:
         spent_before = db.budget().for_analyst("alice").epsilon_spent
         spent: list[float] = []
         recorder = Recorder()
@@ -165,7 +166,9 @@ def test_a_backend_without_a_progress_keyword_still_works(demo_db: Path, rng) ->
     backend = SqlOnly(DuckDBBackend(demo_db))
     assert not accepts_progress(backend.run) and accepts_progress(backend.inner.run)
     recorder = Recorder()
-    with dpsql.Session(demo_db, analyst="alice", backend=backend, rng=rng, progress=recorder) as db:
+    with seeded(
+        dpsql.Session, demo_db, analyst="alice", backend=backend, rng=rng, progress=recorder
+    ) as db:
         result = db.execute("SELECT COUNT(*) AS n FROM requests", epsilon=0.5)
     assert backend.calls == 1 and len(result.rows) == 1
     assert recorder.reports == [("reading data", None), ("adding noise", None), ("done", 1.0)]
@@ -185,8 +188,8 @@ def test_without_a_callback_the_backend_runs_as_before(demo_db: Path, rng) -> No
     sql = "SELECT COUNT(*) AS n FROM requests"
     for progress, given in ((None, [False]), (Recorder(), [True])):
         backend = Spy(demo_db)
-        with dpsql.Session(
-            demo_db, analyst="alice", backend=backend, rng=rng, progress=progress
+        with seeded(
+            dpsql.Session, demo_db, analyst="alice", backend=backend, rng=rng, progress=progress
         ) as db:
             db.execute(sql, epsilon=0.1)
         assert backend.given == given

@@ -32,7 +32,7 @@ from dpsql.engine.session import database_budget, database_ledger
 from dpsql.errors import BudgetExceededError, ExecutionError, ParameterError, PolicyError
 from dpsql.mechanisms import ppr
 from dpsql.mechanisms.compressed_rr import CompressedRR, common_items
-from tests.conftest import make_database
+from tests.conftest import make_database, seeded
 
 PERSONS = 1500
 LOW, N_ITEMS, CAP = 100, 120, 6
@@ -102,9 +102,10 @@ def events_db(tmp_path: Path) -> tuple[Path, np.ndarray]:
 def _publish(database: Path, name: str, epsilon: float, **kwargs) -> published.PublishedRelease:
     options = {"analyst": "alice", "table": "events", "unit": "user_id", "item": "item_id"}
     options.update(kwargs)
-    return publish_rr(
-        database, epsilon=epsilon, name=name, rng=np.random.default_rng(len(name)), **options
-    )
+    return seeded(
+        publish_rr, database, epsilon=epsilon, name=name, rng=np.random.default_rng(len(name)),
+        **options,
+    )  # fmt: skip
 
 
 def _stored_tables(database: Path) -> set[str]:
@@ -374,9 +375,9 @@ def test_string_keys_cap_and_roster(events_db) -> None:
     """Public keys index the items in policy order, unknown items ('kiwi') are dropped, bo (only
     'kiwi') is still listed, and cy's four items are capped to max_rows_per_unit = 3."""
     database, _ = events_db
-    release = publish_rr(
-        database, analyst="alice", table="LIKES", unit="user", item="item", epsilon=30.0,
-        name="likes", rng=np.random.default_rng(1),
+    release = seeded(
+        publish_rr, database, analyst="alice", table="LIKES", unit="user", item="item",
+        epsilon=30.0, name="likes", rng=np.random.default_rng(1),
     )  # fmt: skip
     assert (release.table, release.unit_kind, release.persons) == ("likes", "string", 3)
     assert release.universe.keys == ("apple", "pear", "plum", "fig")

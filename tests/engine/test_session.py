@@ -22,7 +22,7 @@ from dpsql.errors import (
     SqlSyntaxError,
     UnsupportedQueryError,
 )
-from tests.conftest import make_database
+from tests.conftest import make_database, seeded_connect
 
 BUCKETS = 200
 STATS_POLICY = f"""
@@ -58,7 +58,7 @@ def stats_db(tmp_path: Path) -> tuple[Path, np.ndarray]:
 
 
 def test_grouped_count_answers_every_public_key_and_is_charged(demo_db: Path, rng) -> None:
-    with dpsql.connect(demo_db, analyst="alice", rng=rng) as db:
+    with seeded_connect(demo_db, analyst="alice", rng=rng) as db:
         before = db.budget().for_analyst("alice")
         result = db.execute(
             "SELECT country, COUNT(*) AS n FROM requests GROUP BY country", epsilon=0.5
@@ -80,7 +80,7 @@ def test_grouped_count_answers_every_public_key_and_is_charged(demo_db: Path, rn
 
 
 def test_bigquery_options_set_the_budget(demo_db: Path, rng) -> None:
-    with dpsql.connect(demo_db, analyst="alice", rng=rng) as db:
+    with seeded_connect(demo_db, analyst="alice", rng=rng) as db:
         result = db.execute(
             "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=0.25, delta=1e-9) COUNT(*) "
             "FROM requests WHERE url = '/home'"
@@ -191,7 +191,7 @@ def test_noise_has_the_stated_scale(stats_db, rng) -> None:
     database, truth = stats_db
     epsilon, scale = 0.4, 2 / 0.4
     errors = []
-    with dpsql.connect(database, analyst="tester", rng=rng) as db:
+    with seeded_connect(database, analyst="tester", rng=rng) as db:
         for _ in range(15):
             result = db.execute(
                 "SELECT bucket, COUNT(*) FROM events GROUP BY bucket", epsilon=epsilon
@@ -211,7 +211,7 @@ def test_intervals_cover_at_their_nominal_rate(stats_db, rng) -> None:
     true_sums = np.array([3 * b * (b % 101) for b in range(BUCKETS)], dtype=float)
     covered = {"n": 0, "s": 0}
     total = 0
-    with dpsql.connect(database, analyst="tester", rng=rng) as db:
+    with seeded_connect(database, analyst="tester", rng=rng) as db:
         for _ in range(15):
             result = db.execute(
                 "SELECT bucket, COUNT(*) AS n, SUM(amount) AS s FROM events GROUP BY bucket",
@@ -229,7 +229,7 @@ def test_average_interval_covers(stats_db, rng) -> None:
     database, _ = stats_db
     true_avg = np.array([b % 101 for b in range(BUCKETS)], dtype=float)
     hits = total = 0
-    with dpsql.connect(database, analyst="tester", rng=rng) as db:
+    with seeded_connect(database, analyst="tester", rng=rng) as db:
         for _ in range(10):
             result = db.execute(
                 "SELECT bucket, AVG(amount) AS a FROM events GROUP BY bucket", epsilon=1.0
@@ -275,7 +275,7 @@ public_keys = ["x", "y", "z"]
 
 
 def test_adversarial_values_never_make_a_query_fail(adversarial_db: Path, rng) -> None:
-    with dpsql.connect(adversarial_db, analyst="a", rng=rng) as db:
+    with seeded_connect(adversarial_db, analyst="a", rng=rng) as db:
         for sql in [
             "SELECT SUM(amount), AVG(amount), COUNT(amount) FROM t",
             "SELECT SUM(big), AVG(big) FROM t",
@@ -327,7 +327,7 @@ def test_explain_reads_no_data_and_charges_nothing(demo_db: Path) -> None:
 
 
 def test_queries_may_be_written_in_another_dialect(demo_db: Path, rng) -> None:
-    with dpsql.connect(demo_db, analyst="alice", dialect="bigquery", rng=rng) as db:
+    with seeded_connect(demo_db, analyst="alice", dialect="bigquery", rng=rng) as db:
         result = db.execute("SELECT COUNT(*) AS n FROM `requests` WHERE age >= 30", epsilon=0.2)
     assert result.columns == ["n"]
     with (
@@ -355,7 +355,7 @@ public_keys = ["DK", "NO", "SE"]
 """
     database = tmp_path / "lake.duckdb"  # no database file: the policy's files are the data
     dpsql.set_policy(database, policy)
-    with dpsql.connect(database, analyst="a", rng=rng) as db:
+    with seeded_connect(database, analyst="a", rng=rng) as db:
         result = db.execute("SELECT country, COUNT(*) FROM visits GROUP BY country", epsilon=5.0)
         with pytest.raises(ExecutionError):
             db.backend.run("SELECT * FROM read_csv('/etc/hostname')")

@@ -16,6 +16,7 @@ from dpsql.engine.backends import DuckDBBackend
 from dpsql.engine.policy import Policy, parse_policy
 from dpsql.engine.sources import FileSource, file_source, infer_format, policy_sources
 from dpsql.errors import ExecutionError, PolicyError, QueryError
+from tests.conftest import seeded
 
 EPSILON = 1000.0
 """Per query: counts get discrete Laplace noise of scale 1/1000, 0 with probability > 1 - 1e-9,
@@ -99,7 +100,8 @@ def lake(tmp_path: Path) -> dict[str, pd.DataFrame]:
 def _session(database: Path, policy: str) -> dpsql.Session:
     parsed = parse_policy(policy)
     set_policy_with(database, parsed, lambda: DuckDBBackend.for_policy(database, parsed))
-    return dpsql.Session(
+    return seeded(
+        dpsql.Session,
         database,
         analyst="alice",
         backend=DuckDBBackend.for_policy(database, parsed),

@@ -31,6 +31,7 @@ from dpsql.errors import ExecutionError
 from dpsql.sql import generate
 from dpsql.sql.analyze import analyze
 from dpsql.sql.parse import parse
+from tests.conftest import seeded
 from tests.engine.test_sources import EPSILON, set_policy_with
 
 REASON = spark_unavailable()
@@ -209,8 +210,8 @@ def test_sessions_on_spark_and_duckdb_answer_alike(
         ("duckdb", DuckDBBackend.for_policy(database, policy)),
         ("spark", SparkBackend.for_policy(database, policy, spark)),
     ):
-        with dpsql.Session(
-            database, analyst="alice", backend=backend, rng=np.random.default_rng(5)
+        with seeded(
+            dpsql.Session, database, analyst="alice", backend=backend, rng=np.random.default_rng(5)
         ) as db:
             answers[name] = [db.execute(q, epsilon=EPSILON) for q in queries]
     for on_duckdb, on_spark in zip(answers["duckdb"], answers["spark"], strict=True):

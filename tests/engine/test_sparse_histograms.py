@@ -11,7 +11,7 @@ import pytest
 import dpsql
 from dpsql.engine.session import database_ledger, database_synopses
 from dpsql.errors import UnsupportedQueryError
-from tests.conftest import make_database
+from tests.conftest import make_database, seeded_connect
 
 POLICY = """
 [dataset]
@@ -54,7 +54,7 @@ def database(tmp_path: Path) -> Path:
 
 
 def test_threshold_releases_heavy_keys_only(database: Path, rng) -> None:
-    with dpsql.connect(database, analyst="a", rng=rng) as db:
+    with seeded_connect(database, analyst="a", rng=rng) as db:
         result = db.execute(
             "SELECT url, COUNT(*) AS n FROM hits GROUP BY url", epsilon=1.0, delta=1e-6
         )
@@ -70,7 +70,7 @@ def test_threshold_releases_heavy_keys_only(database: Path, rng) -> None:
 def test_combined_structure_is_stored_and_answers_point_queries_for_free(
     database: Path, rng
 ) -> None:
-    with dpsql.connect(database, analyst="a", rng=rng) as db:
+    with seeded_connect(database, analyst="a", rng=rng) as db:
         result = db.execute(
             "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=2, delta=1e-6, mechanism='alp') "
             "url, COUNT(*) AS n FROM hits WHERE channel = 'web' GROUP BY url"
@@ -104,7 +104,7 @@ def test_combined_structure_is_stored_and_answers_point_queries_for_free(
 
 
 def test_absent_keys_get_small_alp_estimates(database: Path, rng) -> None:
-    with dpsql.connect(database, analyst="a", rng=rng) as db:
+    with seeded_connect(database, analyst="a", rng=rng) as db:
         db.execute(
             "SELECT url, COUNT(*) FROM hits GROUP BY url", epsilon=2.0, delta=1e-6, mechanism="alp"
         )
@@ -117,7 +117,7 @@ def test_absent_keys_get_small_alp_estimates(database: Path, rng) -> None:
 
 
 def test_pure_dp_needs_a_declared_domain(database: Path, rng) -> None:
-    with dpsql.connect(database, analyst="a", rng=rng) as db:
+    with seeded_connect(database, analyst="a", rng=rng) as db:
         pure = db.execute("SELECT item, COUNT(*) AS n FROM hits GROUP BY item", epsilon=1.0)
         assert pure.mechanism == "combined" and pure.delta == 0.0
         assert {k for k, _ in pure.rows} <= set(range(10)) | set(range(100, 900))
@@ -137,7 +137,7 @@ def test_explain_names_the_mechanism_without_charging(database: Path) -> None:
 
 def test_a_seeded_release_is_reproducible(database: Path) -> None:
     def release() -> list[tuple]:
-        with dpsql.connect(database, analyst="a", rng=np.random.default_rng(9)) as db:
+        with seeded_connect(database, analyst="a", rng=np.random.default_rng(9)) as db:
             result = db.execute(
                 "SELECT url, COUNT(*) FROM hits GROUP BY url", epsilon=1, delta=1e-6
             )

@@ -11,7 +11,7 @@ import pytest
 import dpsql
 from dpsql.engine.session import database_ledger
 from dpsql.errors import ParameterError, PolicyError, UnsupportedQueryError
-from tests.conftest import make_database
+from tests.conftest import make_database, seeded_connect
 
 POLICY = """
 [dataset]
@@ -64,7 +64,7 @@ RANGE_SQL = (
 
 def test_range_queries_report_ranges_above_the_threshold(database: Path, rng) -> None:
     truth = true_counts()
-    with dpsql.connect(database, analyst="a", rng=rng) as db:
+    with seeded_connect(database, analyst="a", rng=rng) as db:
         result = db.execute(RANGE_SQL, epsilon=1.0, max_answers=3)
     assert result.mechanism == "numeric_sparse" and result.epsilon == 1.0
     assert 1 <= len(result.rows) <= 3
@@ -86,7 +86,7 @@ def test_range_queries_cost_does_not_grow_with_the_number_of_ranges(database: Pa
 
 
 def test_max_answers_from_options_and_conflicts(database: Path, rng) -> None:
-    with dpsql.connect(database, analyst="a", rng=rng) as db:
+    with seeded_connect(database, analyst="a", rng=rng) as db:
         sql = RANGE_SQL.replace(
             "SELECT", "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, max_answers=1)", 1
         )
@@ -115,7 +115,7 @@ def test_undeclared_public_table_is_refused(tmp_path: Path) -> None:
 
 
 def test_having_over_public_keys_filters_noisy_counts(database: Path, rng) -> None:
-    with dpsql.connect(database, analyst="a", rng=rng) as db:
+    with seeded_connect(database, analyst="a", rng=rng) as db:
         sql = "SELECT shop, COUNT(*) AS n FROM sales GROUP BY shop HAVING COUNT(*) >= 1000"
         report = db.explain(sql, epsilon=1.0)
         assert "parallel composition" in report["plan"]["reason"]
@@ -153,7 +153,7 @@ def orders_db(tmp_path: Path) -> tuple[Path, np.ndarray]:
 
 def test_automatic_bounds_spend_a_stated_share_then_answer(orders_db, rng) -> None:
     database, amounts = orders_db
-    with dpsql.connect(database, analyst="a", rng=rng) as db:
+    with seeded_connect(database, analyst="a", rng=rng) as db:
         report = db.explain("SELECT SUM(amount) AS s, AVG(amount) AS m FROM orders", epsilon=2.0)
         assert report["plan"]["auto_bounds"]["epsilon"] == pytest.approx(0.4)
         result = db.execute("SELECT SUM(amount) AS s, AVG(amount) AS m FROM orders", epsilon=2.0)
@@ -174,7 +174,7 @@ def test_automatic_bounds_spend_a_stated_share_then_answer(orders_db, rng) -> No
 
 def test_automatic_bounds_work_with_group_by(orders_db, rng) -> None:
     database, _ = orders_db
-    with dpsql.connect(database, analyst="a", rng=rng) as db:
+    with seeded_connect(database, analyst="a", rng=rng) as db:
         result = db.execute("SELECT region, SUM(amount) FROM orders GROUP BY region", epsilon=2.0)
     assert [row[0] for row in result.rows] == ["a", "b"]
     assert result.details["automatic_bounds"]["bounds"][0] == 0.0
