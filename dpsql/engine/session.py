@@ -44,7 +44,7 @@ from dpsql.engine.synopses import (
     point_queries,
 )
 from dpsql.engine.synopses import now as synopsis_time
-from dpsql.errors import ParameterError, PolicyError
+from dpsql.errors import ParameterError, PolicyError, UnsupportedQueryError
 from dpsql.mechanisms import svt
 from dpsql.mechanisms.combined import CombinedRelease
 from dpsql.mechanisms.random import session_generator
@@ -54,6 +54,7 @@ from dpsql.sql.generate import (
     clipping_profile,
     public_groups,
     range_counts,
+    ranges_per_group,
 )
 from dpsql.sql.parse import parse
 from dpsql.sql.shape import ColumnKind, QueryShape
@@ -223,6 +224,21 @@ class Session:
             dialect=self.backend.dialect
         )
 
+    def _check_one_range_per_group(self, shape: QueryShape) -> None:
+        """Refuse a range JOIN whose GROUP BY groups hold several distinct ranges: one row would
+        count in each of them while the noise is set for one (reads the public table only)."""
+        join = shape.range_join
+        assert join is not None
+        if join.table.lower() not in {name.lower() for name in self.policy.public_tables}:
+            return  # the planner refuses it, naming the missing declaration
+        most = int(self.backend.run(ranges_per_group(shape, self.backend.dialect)).iloc[0, 0])
+        if most > 1:
+            raise UnsupportedQueryError(
+                f"GROUP BY {', '.join(shape.group_by)} puts up to {most} different ranges of "
+                f"{join.table!r} in one group; group by columns that identify one range (e.g. "
+                "its low and high columns)"
+            )
+
     def _keys(self, shape: QueryShape) -> dict[str, list[Any]]:
         """Public keys of the group columns as the database converted them."""
         table = self.policy.table(shape.table)
@@ -245,6 +261,8 @@ class Session:
     ) -> tuple[QueryPlan, str]:
         bound, normalized = shaped if shaped is not None else self._shape(sql)
         shape = bound.shape
+        if shape.range_join is not None:
+            self._check_one_range_per_group(shape)
         options = shape.options
         for name, given in (("epsilon", epsilon), ("delta", delta)):
             if given is not None and name in options and options[name] != given:

@@ -43,6 +43,7 @@ __all__ = [
     "clipping_profile",
     "public_groups",
     "range_counts",
+    "ranges_per_group",
 ]
 
 
@@ -296,7 +297,9 @@ def range_counts(
     most that much between neighbouring datasets (rounding down keeps this, the bound being an
     integer), and only upwards when a unit is added (monotone), as the sparse vector technique
     assumes. Weights are summed per distinct value before the range join, so the join touches
-    distinct values, not rows. Groups with no rows are absent."""
+    distinct values, not rows. Duplicate rows of the public table count once (``DISTINCT``); the
+    session has checked that each group holds one range (``ranges_per_group``). Groups with no
+    rows are absent."""
     join = shape.range_join
     assert join is not None
     keys = [f"__key{i}" for i in range(len(shape.group_by))]
@@ -320,11 +323,26 @@ def range_counts(
         "units AS (SELECT __unit, COUNT(*) AS __rows FROM source GROUP BY __unit), "
         f"weights AS (SELECT s.__value, SUM(LEAST(1.0, {int(max_rows_per_unit)}.0 / u.__rows)) "
         "AS __weight FROM source s JOIN units u ON s.__unit = u.__unit GROUP BY s.__value), "
-        f"ranges AS (SELECT {ranges} FROM {_identifier(join.table)}), "
+        f"ranges AS (SELECT DISTINCT {ranges} FROM {_identifier(join.table)}), "
         f"per_range AS (SELECT {key_list}, SUM(w.__weight) AS __total FROM weights w "
         f"JOIN ranges r ON w.__value BETWEEN r.__low AND r.__high GROUP BY {key_list}) "
         f"SELECT {outputs}, CAST(FLOOR(__total + 1e-9) AS BIGINT) AS {_identifier('m0')} "
         "FROM per_range"
+    )
+    return _in_dialect(sql, dialect)
+
+
+def ranges_per_group(shape: QueryShape, dialect: str = "duckdb") -> str:
+    """SQL returning the largest number of distinct (low, high) ranges in one GROUP BY group of
+    the public range table (it reads only the public table)."""
+    join = shape.range_join
+    assert join is not None
+    columns = ", ".join(_identifier(c) for c in shape.group_by)
+    pair = f"{_identifier(join.low)}, {_identifier(join.high)}"
+    sql = (
+        f"SELECT COALESCE(MAX(__n), 0) FROM (SELECT COUNT(*) AS __n FROM (SELECT DISTINCT "
+        f"{columns}, {pair} FROM {_identifier(join.table)}) AS __ranges GROUP BY {columns}) "
+        "AS __groups"
     )
     return _in_dialect(sql, dialect)
 

@@ -178,3 +178,50 @@ def test_automatic_bounds_work_with_group_by(orders_db, rng) -> None:
         result = db.execute("SELECT region, SUM(amount) FROM orders GROUP BY region", epsilon=2.0)
     assert [row[0] for row in result.rows] == ["a", "b"]
     assert result.details["automatic_bounds"]["bounds"][0] == 0.0
+
+
+def _nested(tmp_path: Path, ranges: pd.DataFrame, with_person: bool) -> Path:
+    people = [(u, 500.0 + u % 7, "north") for u in range(200)]
+    if with_person:
+        people.append((999, 5.0, "north"))  # the one person the attacker is after
+    frame = pd.DataFrame(people, columns=["user_id", "price", "shop"])
+    name = "with" if with_person else "without"
+    return make_database(tmp_path / f"{name}.duckdb", {"sales": frame, "price_ranges": ranges},
+                         POLICY)
+
+
+def test_group_columns_must_identify_one_range(tmp_path: Path) -> None:
+    """Issue 11 item 3: with 100 nested ranges and GROUP BY r.lo, one row counted 100 times
+    against noise set for one range. Such a grouping is refused before any charge."""
+    nested = pd.DataFrame({"lo": [0.0] * 100, "hi": [float(10 + i) for i in range(100)]})
+    path = _nested(tmp_path, nested, with_person=True)
+    with dpsql.connect(path, analyst="a") as db:
+        with pytest.raises(UnsupportedQueryError, match="up to 100 different ranges"):
+            db.execute(
+                "SELECT r.lo, COUNT(*) FROM sales s JOIN price_ranges r "
+                "ON s.price BETWEEN r.lo AND r.hi GROUP BY r.lo HAVING COUNT(*) > 0",
+                epsilon=1.0,
+            )
+        assert [e for e in db.ledger() if e["kind"] == "charge"] == []
+
+
+def test_duplicate_public_rows_count_once(tmp_path: Path) -> None:
+    """Item 3: 50 copies of one range made one person's row count 50 times: a range released in
+    5/5 runs with the person and 0/5 without. Now the count moves by at most
+    max_rows_per_unit (3) between the neighbours, so releases are alike (12 seeded runs each)."""
+    ranges = pd.DataFrame({"lo": [0.0] * 50 + [400.0], "hi": [10.0] * 50 + [600.0]})
+    released = {}
+    for with_person in (False, True):
+        path = _nested(tmp_path, ranges, with_person)
+        hits = 0
+        for seed in range(12):
+            with seeded_connect(path, analyst="a", rng=np.random.default_rng(seed)) as db:
+                result = db.execute(
+                    "SELECT r.lo, r.hi, COUNT(*) AS n FROM sales s JOIN price_ranges r "
+                    "ON s.price BETWEEN r.lo AND r.hi GROUP BY r.lo, r.hi HAVING COUNT(*) > 20",
+                    epsilon=1.0,
+                )
+            hits += any(row[0] == 0.0 for row in result.rows)
+        released[with_person] = hits
+    # The broken twin (50 copies counted) released the range in every run with the person.
+    assert released[True] <= 3 and released[False] <= 3, released
