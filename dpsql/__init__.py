@@ -19,6 +19,7 @@ from dpsql.engine.session import (
     show_policy,
 )
 from dpsql.errors import (
+    AccessError,
     BudgetExceededError,
     DpsqlError,
     ExecutionError,
@@ -28,11 +29,13 @@ from dpsql.errors import (
     PrivacyError,
     QueryError,
     SchemaError,
+    ServiceError,
     SqlSyntaxError,
     UnsupportedQueryError,
 )
 
 __all__ = [
+    "AccessError",
     "BudgetExceededError",
     "BudgetReport",
     "BudgetStatus",
@@ -46,6 +49,7 @@ __all__ = [
     "QueryError",
     "QueryResult",
     "SchemaError",
+    "ServiceError",
     "Session",
     "SqlSyntaxError",
     "UnsupportedQueryError",

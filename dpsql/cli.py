@@ -16,7 +16,7 @@ from dpsql.cli_output import console, db_option, print_csv, print_table
 from dpsql.cli_progress import progress_display, progress_option
 from dpsql.cli_publish import register as register_publish
 from dpsql.engine import demo as demo_data
-from dpsql.engine.results import BudgetReport, QueryResult
+from dpsql.engine.results import LEDGER_COLUMNS, BudgetReport, QueryResult
 from dpsql.engine.session import (
     connect,
     database_budget,
@@ -50,23 +50,13 @@ _format = click.option(
 )
 
 
-def _result_table(result: QueryResult) -> tuple[list[str], list[list[Any]]]:
-    columns: list[str] = []
-    for name in result.columns:
-        columns.append(name)
-        if name in result.intervals:
-            columns += [f"{name}_low", f"{name}_high"]
-    frame = result.to_pandas(intervals=True)
-    return columns, frame[columns].astype(object).values.tolist()
-
-
 def print_result(
     result: QueryResult, output_format: str, title: str | None = None, max_rows: int | None = None
 ) -> None:
     if output_format == "json":
         click.echo(json.dumps(result.to_dict()))
         return
-    columns, rows = _result_table(result)
+    columns, rows = result.interval_table()
     if output_format == "csv":
         print_csv(columns, rows)
         return
@@ -99,6 +89,29 @@ def print_budget(report: BudgetReport, output_format: str) -> None:
         print_csv(columns, rows)
     else:
         print_table("Privacy budget", columns, rows)
+
+
+def print_synopses(listed: list[dict[str, Any]], output_format: str) -> None:
+    if output_format == "json":
+        click.echo(json.dumps(listed))
+        return
+    columns = ["name", "table", "key_column", "filters", "epsilon", "delta", "created", "bytes"]
+    rows = [[s[c] if c != "filters" else " AND ".join(s[c]) for c in columns] for s in listed]
+    if output_format == "csv":
+        print_csv(columns, rows)
+    else:
+        print_table("Synopses", columns, rows)
+
+
+def print_ledger(entries: list[dict[str, Any]], output_format: str) -> None:
+    if output_format == "json":
+        click.echo(json.dumps(entries))
+        return
+    rows = [[e[c] for c in LEDGER_COLUMNS] for e in entries]
+    if output_format == "csv":
+        print_csv(LEDGER_COLUMNS, rows)
+    else:
+        print_table("Ledger", LEDGER_COLUMNS, rows)
 
 
 @click.group()
@@ -211,16 +224,7 @@ def explain(
 @_format
 def synopses(database: str, output_format: str) -> None:
     """List stored synopses (released structures that answer point queries for free)."""
-    listed = database_synopses(database)
-    if output_format == "json":
-        click.echo(json.dumps(listed))
-        return
-    columns = ["name", "table", "key_column", "filters", "epsilon", "delta", "created", "bytes"]
-    rows = [[s[c] if c != "filters" else " AND ".join(s[c]) for c in columns] for s in listed]
-    if output_format == "csv":
-        print_csv(columns, rows)
-    else:
-        print_table("Synopses", columns, rows)
+    print_synopses(database_synopses(database), output_format)
 
 
 @cli.command()
@@ -242,16 +246,7 @@ def ledger(context: click.Context, database: str | None, output_format: str) -> 
         return
     if database is None:
         raise click.UsageError("Missing option '--db'.")
-    entries = database_ledger(database)
-    if output_format == "json":
-        click.echo(json.dumps(entries))
-        return
-    columns = ["seq", "time", "kind", "analyst", "epsilon", "delta", "mechanism", "query"]
-    rows = [[e[c] for c in columns] for e in entries]
-    if output_format == "csv":
-        print_csv(columns, rows)
-    else:
-        print_table("Ledger", columns, rows)
+    print_ledger(database_ledger(database), output_format)
 
 
 @ledger.command("verify")

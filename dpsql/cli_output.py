@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import csv
-import io
 from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
+
+from dpsql.engine.results import csv_text
 
 __all__ = ["console", "db_option", "print_csv", "print_table"]
 
@@ -39,8 +39,4 @@ def print_table(title: str | None, columns: list[str], rows: list[list[Any]]) ->
 
 
 def print_csv(columns: list[str], rows: list[list[Any]]) -> None:
-    buffer = io.StringIO()
-    writer = csv.writer(buffer, lineterminator="\n")
-    writer.writerow(columns)
-    writer.writerows(rows)
-    click.echo(buffer.getvalue(), nl=False)
+    click.echo(csv_text(columns, rows), nl=False)

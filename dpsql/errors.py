@@ -12,7 +12,9 @@
     ├── PrivacyError                        the privacy accountant refuses
     │   └── BudgetExceededError             the charge would pass a cap or allocation
     ├── LedgerError                         the ledger is unreadable or inconsistent (fail closed)
-    └── ExecutionError                      the database failed after planning
+    ├── ExecutionError                      the database failed after planning
+    └── ServiceError                        the dpsql service refused or failed (``status``)
+        └── AccessError                     no, invalid or revoked token (401); wrong role (403)
 
 Messages name the problem and never contain values read from the data.
 """
@@ -20,6 +22,7 @@ Messages name the problem and never contain values read from the data.
 from __future__ import annotations
 
 __all__ = [
+    "AccessError",
     "BudgetExceededError",
     "DpsqlError",
     "ExecutionError",
@@ -29,6 +32,7 @@ __all__ = [
     "PrivacyError",
     "QueryError",
     "SchemaError",
+    "ServiceError",
     "SqlSyntaxError",
     "UnsupportedQueryError",
 ]
@@ -73,7 +77,21 @@ class PrivacyError(DpsqlError):
 
 
 class BudgetExceededError(PrivacyError):
-    """The charge would exceed the dataset cap or the analyst's allocation."""
+    """The charge would exceed the dataset cap or the analyst's allocation.
+
+    ``requested`` and ``remaining`` are ``{"epsilon": ..., "delta": ...}`` when known.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        requested: dict[str, float] | None = None,
+        remaining: dict[str, float] | None = None,
+    ):
+        self.requested = requested
+        self.remaining = remaining
+        super().__init__(message)
 
 
 class LedgerError(DpsqlError):
@@ -82,3 +100,15 @@ class LedgerError(DpsqlError):
 
 class ExecutionError(DpsqlError):
     """The database failed while running a planned, already-charged query."""
+
+
+class ServiceError(DpsqlError):
+    """The dpsql service refused the request (a limit) or failed; ``status`` is the HTTP status."""
+
+    def __init__(self, message: str, *, status: int = 500):
+        self.status = status
+        super().__init__(message)
+
+
+class AccessError(ServiceError):
+    """The service refuses the token (missing, invalid, revoked) or its role for this request."""

@@ -29,11 +29,11 @@ from dpsql.errors import BudgetExceededError, LedgerError, PolicyError
 __all__ = ["BudgetLine", "Ledger", "LedgerEntry"]
 
 _GENESIS = "0" * 64
-_SCHEMA = """
+_TABLE = """
 CREATE TABLE IF NOT EXISTS entries (
     seq INTEGER PRIMARY KEY,
     time TEXT NOT NULL,
-    kind TEXT NOT NULL CHECK (kind IN ('policy', 'charge')),
+    kind TEXT NOT NULL CHECK (kind IN ('policy', 'charge', 'token')),
     dataset TEXT NOT NULL,
     analyst TEXT,
     query TEXT,
@@ -45,12 +45,15 @@ CREATE TABLE IF NOT EXISTS entries (
     delta_units INTEGER NOT NULL,
     prev_hash TEXT NOT NULL,
     hash TEXT NOT NULL
-);
-CREATE TRIGGER IF NOT EXISTS entries_no_update BEFORE UPDATE ON entries
-BEGIN SELECT RAISE(ABORT, 'ledger entries are append-only'); END;
-CREATE TRIGGER IF NOT EXISTS entries_no_delete BEFORE DELETE ON entries
-BEGIN SELECT RAISE(ABORT, 'ledger entries are append-only'); END;
-"""
+)"""
+_TRIGGERS = (
+    """CREATE TRIGGER IF NOT EXISTS entries_no_update BEFORE UPDATE ON entries
+BEGIN SELECT RAISE(ABORT, 'ledger entries are append-only'); END""",
+    """CREATE TRIGGER IF NOT EXISTS entries_no_delete BEFORE DELETE ON entries
+BEGIN SELECT RAISE(ABORT, 'ledger entries are append-only'); END""",
+)
+_SCHEMA = ";\n".join((_TABLE, *_TRIGGERS)) + ";"
+
 _COLUMNS = (
     "seq",
     "time",
@@ -314,6 +317,23 @@ class Ledger:
                 delta_units=0,
             )
 
+    def record_token_event(self, *, analyst: str, payload: dict[str, Any]) -> LedgerEntry:
+        """Append a zero-cost ``token`` entry (an access token created or revoked)."""
+        with self._transaction() as connection:
+            _allow_token_entries(connection)
+            return self._append(
+                connection,
+                kind="token",
+                analyst=analyst,
+                query=None,
+                plan=None,
+                mechanism=None,
+                payload=json.dumps(payload, sort_keys=True),
+                partition=None,
+                epsilon_units=0,
+                delta_units=0,
+            )
+
     def charge(
         self,
         *,
@@ -361,7 +381,9 @@ class Ledger:
                         f"budget exceeded: the query needs epsilon={cost.epsilon:.10g}, "
                         f"delta={cost.delta:.10g} but the {name} has epsilon="
                         f"{remaining.epsilon:.10g}, delta={remaining.delta:.10g} remaining"
-                        f"{where}"
+                        f"{where}",
+                        requested={"epsilon": cost.epsilon, "delta": cost.delta},
+                        remaining={"epsilon": remaining.epsilon, "delta": remaining.delta},
                     )
             return self._append(
                 connection,
@@ -394,6 +416,24 @@ class Ledger:
             for family, value, spent in self._totals[None].per_value()
         ]
         return lines
+
+
+def _allow_token_entries(connection: sqlite3.Connection) -> None:
+    """Ledgers written before tokens existed refuse kind 'token': rebuild the table once inside
+    the caller's transaction, copying every entry unchanged (the hash chain is not touched)."""
+    (schema,) = connection.execute(
+        "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'entries'"
+    ).fetchone()
+    if "'token'" in schema:
+        return
+    connection.execute("DROP TRIGGER entries_no_update")
+    connection.execute("DROP TRIGGER entries_no_delete")
+    connection.execute("ALTER TABLE entries RENAME TO entries_before_tokens")
+    connection.execute(_TABLE)
+    connection.execute("INSERT INTO entries SELECT * FROM entries_before_tokens")
+    connection.execute("DROP TABLE entries_before_tokens")
+    for trigger in _TRIGGERS:
+        connection.execute(trigger)
 
 
 def _charge(analyst: str | None, cost: Cost, event: Event, partition: str | None) -> Charge:

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import csv
+import io
+import math
 from typing import Any
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["BudgetReport", "BudgetStatus", "QueryResult"]
+__all__ = ["LEDGER_COLUMNS", "BudgetReport", "BudgetStatus", "QueryResult", "csv_text"]
+
+LEDGER_COLUMNS = ["seq", "time", "kind", "analyst", "epsilon", "delta", "mechanism", "query"]
+"""The columns of a ledger listed as a table or CSV."""
+
+
+def csv_text(columns: list[str], rows: list[list[Any]]) -> str:
+    """``columns`` and ``rows`` as CSV text (a header line, then one line per row)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(columns)
+    writer.writerows(rows)
+    return buffer.getvalue()
 
 
 class QueryResult(BaseModel):
@@ -40,6 +55,33 @@ class QueryResult(BaseModel):
                 frame[f"{name}_low"] = [p[0] for p in pairs]
                 frame[f"{name}_high"] = [p[1] for p in pairs]
         return frame
+
+    def interval_table(self) -> tuple[list[str], list[list[Any]]]:
+        """Columns and rows with each noisy column followed by ``<col>_low``, ``<col>_high``."""
+        columns: list[str] = []
+        for name in self.columns:
+            columns.append(name)
+            if name in self.intervals:
+                columns += [f"{name}_low", f"{name}_high"]
+        frame = self.to_pandas(intervals=True)
+        return columns, frame[columns].astype(object).values.tolist()
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> QueryResult:
+        """The inverse of ``to_dict`` (a noise scale sent as ``null`` becomes NaN)."""
+        return cls(
+            columns=data["columns"],
+            rows=[tuple(row) for row in data["rows"]],
+            intervals={k: [tuple(p) for p in v] for k, v in data["intervals"].items()},
+            noise_scale={k: math.nan if v is None else v for k, v in data["noise_scale"].items()},
+            confidence=data["confidence"],
+            epsilon=data["epsilon_spent"],
+            delta=data["delta_spent"],
+            mechanism=data["mechanism"],
+            analyst=data["analyst"],
+            ledger_entry=data["ledger_entry"],
+            details=data.get("details", {}),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The documented JSON layout of ``dpsql query --format json``."""
