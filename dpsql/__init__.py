@@ -11,7 +11,6 @@ from dpsql.engine.policy import Policy, load_policy, parse_policy
 from dpsql.engine.results import BudgetReport, BudgetStatus, QueryResult
 from dpsql.engine.session import (
     Session,
-    connect,
     database_budget,
     database_ledger,
     database_synopses,
@@ -33,6 +32,7 @@ from dpsql.errors import (
     SqlSyntaxError,
     UnsupportedQueryError,
 )
+from dpsql.serving.client import RemoteSession, connect
 
 __all__ = [
     "AccessError",
@@ -48,6 +48,7 @@ __all__ = [
     "PrivacyError",
     "QueryError",
     "QueryResult",
+    "RemoteSession",
     "SchemaError",
     "ServiceError",
     "Session",

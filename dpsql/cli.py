@@ -15,6 +15,7 @@ import click
 from dpsql.cli_output import console, db_option, print_csv, print_table
 from dpsql.cli_progress import progress_display, progress_option
 from dpsql.cli_publish import register as register_publish
+from dpsql.cli_serve import register as register_serve
 from dpsql.engine import demo as demo_data
 from dpsql.engine.results import LEDGER_COLUMNS, BudgetReport, QueryResult
 from dpsql.engine.session import (
@@ -299,6 +300,7 @@ def demo(directory: str, rows: int) -> None:
 
 
 register_publish(cli)
+register_serve(cli)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,255 @@
+"""Command-line commands of the service: ``dpsql serve``, ``dpsql token ...``, and ``--url/--token``
+(or ``DPSQL_URL``/``DPSQL_TOKEN``) in place of ``--db --analyst`` on the analyst commands.
+
+``register(cli)`` adds them to the ``dpsql`` group. Importing this module loads neither FastAPI nor
+uvicorn; the commands do when they run.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import click
+from click.core import ParameterSource
+
+from dpsql.cli_output import db_option, print_csv, print_table
+from dpsql.engine.session import show_policy
+from dpsql.serving.client import RemoteSession
+
+__all__ = ["register", "serve", "token"]
+
+
+@click.command()
+@db_option
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=8765, show_default=True, type=click.IntRange(0, 65535))
+@click.option(
+    "--workers",
+    default=1,
+    show_default=True,
+    type=click.IntRange(1, 64),
+    help="Worker processes sharing the ledger (2 on a 2-core machine; see the README).",
+)
+@click.option("--max-body-bytes", default=64 * 1024, show_default=True, type=click.IntRange(1024))
+@click.option("--max-sql-length", default=20_000, show_default=True, type=click.IntRange(16))
+@click.option(
+    "--rate-limit", default=600, show_default=True, type=click.IntRange(1), help="Per token/minute."
+)
+@click.option("--query-timeout", default=60.0, show_default=True, type=click.FloatRange(min=0.001))
+@click.option("--engine-threads", default=4, show_default=True, type=click.IntRange(1, 64))
+def serve(
+    database: str,
+    host: str,
+    port: int,
+    workers: int,
+    max_body_bytes: int,
+    max_sql_length: int,
+    rate_limit: int,
+    query_timeout: float,
+    engine_threads: int,
+) -> None:
+    """Serve the database over HTTP: the API under /v1, its docs at /docs, a console at /."""
+    import uvicorn
+
+    from dpsql.serving.app import SETTINGS_VARIABLE
+    from dpsql.serving.limits import ServerSettings
+    from dpsql.serving.tokens import TokenStore
+
+    show_policy(database)  # a missing policy is a one-line error before anything starts
+    TokenStore(database).close()
+    settings = ServerSettings(
+        database=os.path.abspath(database),
+        max_body_bytes=max_body_bytes,
+        max_sql_length=max_sql_length,
+        rate_per_minute=rate_limit,
+        query_timeout=query_timeout,
+        engine_threads=engine_threads,
+    )
+    os.environ[SETTINGS_VARIABLE] = settings.model_dump_json()
+    click.echo(f"dpsql: serving {database} on http://{host}:{port} ({workers} worker(s))", err=True)
+    uvicorn.run(
+        "dpsql.serving.app:app_from_environment",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_level="warning",
+    )
+
+
+@click.group()
+def token() -> None:
+    """Create, list or revoke access tokens of the service (administrator, on the server)."""
+
+
+@token.command("create")
+@db_option
+@click.option("--analyst", "name", required=True, help="Analyst (or auditor) the token names.")
+@click.option(
+    "--role", type=click.Choice(["analyst", "auditor"]), default="analyst", show_default=True
+)
+def token_create(database: str, name: str, role: str) -> None:
+    """Print a fresh token once; only its hash is kept."""
+    from dpsql.serving.tokens import TokenStore
+
+    with TokenStore(database) as store:
+        secret, record = store.create(name, role)
+    click.echo(secret)
+    click.echo(
+        f"token {record.id} for {role} {name!r}: store it now, it is not shown again", err=True
+    )
+
+
+@token.command("list")
+@db_option
+@click.option(
+    "--format",
+    "output_format",
+    type=click.Choice(["table", "json", "csv"]),
+    default="table",
+    show_default=True,
+)
+def token_list(database: str, output_format: str) -> None:
+    """List tokens (ids, names, roles, times; never secrets)."""
+    from dpsql.serving.tokens import TokenStore
+
+    with TokenStore(database) as store:
+        records = [r.to_dict() for r in store.records()]
+    if output_format == "json":
+        click.echo(json.dumps(records))
+        return
+    columns = ["id", "name", "role", "created", "revoked"]
+    rows = [[r[c] for c in columns] for r in records]
+    if output_format == "csv":
+        print_csv(columns, rows)
+    else:
+        print_table("Tokens", columns, rows)
+
+
+@token.command("revoke")
+@db_option
+@click.argument("token_id")
+def token_revoke(database: str, token_id: str) -> None:
+    """Revoke a token by id; the service refuses it from the next request on."""
+    from dpsql.serving.tokens import TokenStore
+
+    with TokenStore(database) as store:
+        record = store.revoke(token_id)
+    click.echo(f"token {record.id} of {record.name!r} revoked at {record.revoked}")
+
+
+# Remote analyst commands: the same output as the local ones, through a RemoteSession. ----------
+def _remote_query(session: RemoteSession, *, dialect: str, output_format: str, **options: Any):
+    from dpsql.cli import print_result
+
+    if dialect != "duckdb":
+        raise click.UsageError("the service reads the duckdb dialect only; drop --dialect")
+    result = session.execute(
+        options["sql"],
+        epsilon=options["epsilon"],
+        delta=options["delta"],
+        mechanism=options["mechanism"],
+        max_answers=options["max_answers"],
+    )
+    print_result(result, output_format)
+
+
+def _remote_explain(session: RemoteSession, **options: Any) -> None:
+    report = session.explain(
+        options["sql"],
+        epsilon=options["epsilon"],
+        delta=options["delta"],
+        mechanism=options["mechanism"],
+        max_answers=options["max_answers"],
+    )
+    click.echo(json.dumps(report, indent=2))
+
+
+def _remote_budget(session: RemoteSession, *, output_format: str, **_: Any) -> None:
+    from dpsql.cli import print_budget
+
+    print_budget(session.budget(), output_format)
+
+
+def _remote_ledger(session: RemoteSession, *, output_format: str, **_: Any) -> None:
+    from dpsql.cli import print_ledger
+
+    print_ledger(session.ledger(), output_format)
+
+
+def _remote_verify(session: RemoteSession, **_: Any) -> None:
+    report = session.verify()
+    if not report["verified"]:
+        from dpsql.errors import LedgerError
+
+        raise LedgerError(report["detail"])
+    click.echo(f"ledger at {session.url} verified: {report['detail']}")
+
+
+def _remote_synopses(session: RemoteSession, *, output_format: str, **_: Any) -> None:
+    from dpsql.cli import print_synopses
+
+    print_synopses(session.synopses(), output_format)
+
+
+def _accept_remote(command: click.Command, remote: Callable[..., None]) -> None:
+    """Let ``command`` take ``--url/--token`` instead of ``--db``/``--analyst``.
+
+    The local options become optional to click and are checked here, so that each usage error
+    names both ways of calling the command.
+    """
+    required = [p for p in command.params if p.name in ("database", "analyst") and p.required]
+    for param in required:
+        param.required = False
+    command.params += [
+        click.Option(["--url"], envvar="DPSQL_URL", help="A dpsql service (instead of --db)."),
+        click.Option(["--token"], envvar="DPSQL_TOKEN", help="Access token for --url."),
+    ]
+    local = command.callback
+    assert local is not None
+
+    @functools.wraps(local)
+    def callback(url: str | None, token: str | None, **options: Any) -> Any:
+        context = click.get_current_context()
+        if isinstance(command, click.Group) and context.invoked_subcommand is not None:
+            return None
+        given = context.get_parameter_source("url") == ParameterSource.COMMANDLINE
+        if options.get("database") is None and url is not None:
+            if token is None:
+                raise click.UsageError("Missing option '--token' (or DPSQL_TOKEN) for --url.")
+            options.pop("database")
+            options.pop("analyst", None)
+            with RemoteSession(url, token=token) as session:
+                remote(session, **options)
+            return None
+        if given:
+            raise click.UsageError("give either --url/--token or --db/--analyst, not both")
+        for param in required:
+            if options.get(param.name or "") is None:
+                flag = max(param.opts, key=len)
+                raise click.UsageError(f"Missing option '{flag}' (or --url/--token).")
+        return local(**options)
+
+    command.callback = callback
+
+
+def register(cli: click.Group) -> None:
+    """Add ``serve`` and ``token``; let the analyst commands reach a service."""
+    cli.add_command(serve)
+    cli.add_command(token)
+    commands = cli.commands
+    ledger = commands["ledger"]
+    assert isinstance(ledger, click.Group)
+    for command, remote in (
+        (commands["query"], _remote_query),
+        (commands["explain"], _remote_explain),
+        (commands["budget"], _remote_budget),
+        (ledger, _remote_ledger),
+        (ledger.commands["verify"], _remote_verify),
+        (commands["synopses"], _remote_synopses),
+    ):
+        _accept_remote(command, remote)

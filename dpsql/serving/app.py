@@ -1,0 +1,394 @@
+"""The HTTP service: the engine behind tokens, roles and the administrator's limits.
+
+``create_app(settings)`` builds the FastAPI application; ``app_from_environment`` is the factory
+uvicorn workers call (``dpsql serve`` passes the settings in ``DPSQL_SERVE_SETTINGS``). Identity
+comes from the bearer token only; every refusal is an RFC 9457 problem and charges nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import date, datetime
+from importlib.metadata import version
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException
+
+from dpsql.engine.results import LEDGER_COLUMNS, csv_text
+from dpsql.engine.session import Session, database_budget, database_ledger, database_synopses
+from dpsql.engine.session import show_policy as policy_of
+from dpsql.errors import AccessError, DpsqlError, LedgerError, ServiceError
+from dpsql.serving import models
+from dpsql.serving.limits import BodyLimit, RateLimiter, ServerSettings
+from dpsql.serving.problems import PROBLEM_MEDIA_TYPE, Problem, problem_for
+from dpsql.serving.runner import EngineRunner
+from dpsql.serving.tokens import Identity, TokenStore
+
+__all__ = ["SETTINGS_VARIABLE", "app_from_environment", "create_app"]
+
+SETTINGS_VARIABLE = "DPSQL_SERVE_SETTINGS"
+CONSOLE = Path(__file__).parent / "console"
+_log = logging.getLogger("dpsql.serving")
+T = TypeVar("T")
+
+
+def _plain(value: Any) -> Any:
+    """``value`` as strict JSON: non-finite floats become null, dates ISO text."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    if isinstance(value, date | datetime):
+        return value.isoformat()
+    if hasattr(value, "item"):  # numpy scalars
+        return _plain(value.item())
+    return value
+
+
+class StrictJSONResponse(JSONResponse):
+    """JSON that every parser accepts (no NaN or Infinity tokens)."""
+
+    def render(self, content: Any) -> bytes:
+        return json.dumps(_plain(content), allow_nan=False, separators=(",", ":")).encode()
+
+
+def _problem_response(problem: Problem, headers: dict[str, str] | None = None) -> Response:
+    return StrictJSONResponse(
+        problem.to_dict(),
+        status_code=problem.status,
+        media_type=PROBLEM_MEDIA_TYPE,
+        headers=headers,
+    )
+
+
+class _RateLimited(ServiceError):
+    def __init__(self, per_minute: int, wait: float):
+        super().__init__(
+            f"rate limit of {per_minute} requests per minute for this token exceeded; "
+            f"retry in {math.ceil(wait)} s",
+            status=429,
+        )
+        self.retry_after = math.ceil(wait)
+
+
+def _headers_for(error: DpsqlError) -> dict[str, str] | None:
+    if isinstance(error, _RateLimited):
+        return {"Retry-After": str(error.retry_after)}
+    if isinstance(error, AccessError) and error.status == 401:
+        return {"WWW-Authenticate": "Bearer"}
+    return None
+
+
+def _csv(columns: list[str], rows: list[list[Any]]) -> Response:
+    return Response(csv_text(columns, _plain(rows)), media_type="text/csv; charset=utf-8")
+
+
+def _wants_csv(request: Request, output_format: str | None) -> bool:
+    if output_format is not None:
+        return output_format == "csv"
+    return "text/csv" in request.headers.get("accept", "")
+
+
+@dataclass(frozen=True)
+class _Service:
+    """What every request of one worker shares."""
+
+    settings: ServerSettings
+    database: Path
+    tokens: TokenStore
+    runner: EngineRunner
+    limiter: RateLimiter
+
+    async def in_session(self, identity: Identity, work: Callable[[Session], T]) -> T:
+        """``work`` in the analyst's session on an engine thread, within the time limit."""
+        return await self.runner.run(
+            work,  # type: ignore[arg-type]  # with an analyst the session is never None
+            analyst=identity.name,
+            timeout=self.settings.query_timeout,
+        )
+
+    async def in_thread(self, work: Callable[[], T]) -> T:
+        """``work`` (no session: auditor reads) on an engine thread, within the time limit."""
+        return await self.runner.run(
+            lambda _: work(), analyst=None, timeout=self.settings.query_timeout
+        )
+
+
+def _service(request: Request) -> _Service:
+    return request.app.state.service
+
+
+_bearer = HTTPBearer(auto_error=False, description="a token from `dpsql token create`")
+Service = Annotated[_Service, Depends(_service)]
+
+
+def _caller(
+    service: Service,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Identity:
+    if credentials is None:
+        raise AccessError("missing token: send 'Authorization: Bearer <token>'", status=401)
+    identity = service.tokens.authenticate(credentials.credentials)
+    if identity is None:
+        raise AccessError("invalid or revoked token", status=401)
+    wait = service.limiter.admit(identity.token_id)
+    if wait is not None:
+        raise _RateLimited(service.settings.rate_per_minute, wait)
+    return identity
+
+
+Caller = Annotated[Identity, Depends(_caller)]
+
+
+def _analyst(identity: Caller) -> Identity:
+    if identity.role != "analyst":
+        raise AccessError(f"role {identity.role!r} cannot query; use an analyst token", status=403)
+    return identity
+
+
+def _auditor(identity: Caller) -> Identity:
+    if identity.role != "auditor":
+        raise AccessError(
+            f"role {identity.role!r} cannot do this; use an auditor token", status=403
+        )
+    return identity
+
+
+Analyst = Annotated[Identity, Depends(_analyst)]
+Auditor = Annotated[Identity, Depends(_auditor)]
+Format = Annotated[Literal["json", "csv"] | None, Query(alias="format")]
+
+
+def _checked(service: _Service, body: models.QueryRequest) -> models.QueryRequest:
+    limit = service.settings.max_sql_length
+    if len(body.sql) > limit:
+        raise ServiceError(f"sql has {len(body.sql)} characters; the limit is {limit}", status=413)
+    return body
+
+
+_PROBLEM = {"description": "RFC 9457 problem details", "content": {PROBLEM_MEDIA_TYPE: {}}}
+_REFUSALS: dict[int | str, dict[str, Any]] = {
+    status: _PROBLEM for status in (400, 401, 403, 409, 413, 429, 500, 503, 504)
+}
+router = APIRouter()
+
+
+@router.post(
+    "/v1/query",
+    response_model=models.QueryResponse,
+    responses={**_REFUSALS, 200: {"content": {"text/csv": {}}}},
+    tags=["analyst"],
+)
+async def query(
+    body: models.QueryRequest,
+    request: Request,
+    service: Service,
+    identity: Analyst,
+    output_format: Format = None,
+) -> Response:
+    """Answer the SQL with differential privacy, charging the caller's allocation first.
+
+    `Accept: text/csv` (or `?format=csv`) gives CSV with `<col>_low`/`<col>_high` columns.
+    """
+    body = _checked(service, body)
+    result = await service.in_session(
+        identity,
+        lambda s: s.execute(
+            body.sql,
+            epsilon=body.epsilon,
+            delta=body.delta,
+            mechanism=body.mechanism,
+            max_answers=body.max_answers,
+        ),
+    )
+    if _wants_csv(request, output_format):
+        return _csv(*result.interval_table())
+    return StrictJSONResponse(result.to_dict())
+
+
+@router.post(
+    "/v1/explain", response_model=models.ExplainResponse, responses=_REFUSALS, tags=["analyst"]
+)
+async def explain(body: models.QueryRequest, service: Service, identity: Analyst) -> Response:
+    """Plan, cost and the budget it draws on; reads no data and charges nothing."""
+    body = _checked(service, body)
+    report = await service.in_session(
+        identity,
+        lambda s: s.explain(
+            body.sql,
+            epsilon=body.epsilon,
+            delta=body.delta,
+            mechanism=body.mechanism,
+            max_answers=body.max_answers,
+        ),
+    )
+    return StrictJSONResponse(report)
+
+
+@router.get("/v1/budget", responses=_REFUSALS, tags=["analyst", "auditor"])
+async def budget(service: Service, identity: Caller) -> Response:
+    """Cap, spent and remaining: the dataset and the caller (an auditor: every analyst)."""
+    if identity.role == "auditor":
+        report = await service.in_thread(lambda: database_budget(service.database))
+    else:
+        report = await service.in_session(identity, lambda s: s.budget())
+    return StrictJSONResponse(report.model_dump())
+
+
+@router.get("/v1/ledger", responses=_REFUSALS, tags=["analyst", "auditor"])
+async def ledger(
+    request: Request, service: Service, identity: Caller, output_format: Format = None
+) -> Response:
+    """Ledger entries, oldest first: an analyst's own charges, or every entry for an auditor.
+
+    `?format=csv` (or `Accept: text/csv`) gives the columns of `dpsql ledger --format csv`.
+    """
+    if identity.role == "auditor":
+        entries = await service.in_thread(lambda: database_ledger(service.database))
+    else:
+        # Filtered here whatever Session.ledger() returns: an analyst sees own charges only.
+        everything = await service.in_session(identity, lambda s: s.ledger())
+        entries = [e for e in everything if e["kind"] == "charge" and e["analyst"] == identity.name]
+    if _wants_csv(request, output_format):
+        return _csv(LEDGER_COLUMNS, [[e[c] for c in LEDGER_COLUMNS] for e in entries])
+    return StrictJSONResponse(entries)
+
+
+@router.get(
+    "/v1/ledger/verify",
+    response_model=models.VerifyResponse,
+    responses=_REFUSALS,
+    tags=["auditor"],
+)
+async def verify(service: Service, identity: Auditor) -> Response:
+    """Check the hash chain and every entry's total; name the first bad entry."""
+    try:
+        entries = await service.in_thread(lambda: database_ledger(service.database))
+    except LedgerError as error:
+        return StrictJSONResponse(
+            {"verified": False, "entries": 0, "last_hash": None, "detail": str(error)}
+        )
+    last = entries[-1]["hash"] if entries else None
+    detail = f"{len(entries)} entries, chain intact"
+    return StrictJSONResponse(
+        {"verified": True, "entries": len(entries), "last_hash": last, "detail": detail}
+    )
+
+
+@router.get("/v1/synopses", responses=_REFUSALS, tags=["analyst", "auditor"])
+async def synopses(service: Service, identity: Caller) -> Response:
+    """Stored synopses the caller may use (parameters only, never the bytes)."""
+    if identity.role == "auditor":
+        listed = await service.in_thread(lambda: database_synopses(service.database))
+    else:
+        listed = await service.in_session(identity, lambda s: s.synopses())
+    return StrictJSONResponse(listed)
+
+
+@router.get("/v1/me", response_model=models.Identity, responses=_REFUSALS, tags=["session"])
+async def me(identity: Caller) -> Response:
+    """The name and role the token stands for."""
+    return StrictJSONResponse({"name": identity.name, "role": identity.role})
+
+
+@router.get("/v1/health", tags=["session"])
+async def health() -> dict[str, str]:
+    """Liveness; needs no token and says nothing about the data."""
+    return {"status": "ok", "version": version("dpsql")}
+
+
+@router.get("/", include_in_schema=False)
+async def console() -> FileResponse:
+    return FileResponse(CONSOLE / "index.html")
+
+
+async def _refused(_: Request, error: Exception) -> Response:
+    assert isinstance(error, DpsqlError)
+    return _problem_response(problem_for(error), _headers_for(error))
+
+
+async def _invalid(_: Request, error: Exception) -> Response:
+    assert isinstance(error, RequestValidationError)
+    first = error.errors()[0]
+    where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
+    message = first.get("msg", "invalid")
+    detail = f"{where}: {message}" if where else message
+    return _problem_response(Problem(400, "parameter", "Invalid parameter", detail))
+
+
+async def _http_error(_: Request, error: Exception) -> Response:
+    assert isinstance(error, HTTPException)
+    return _problem_response(Problem.service(error.status_code, str(error.detail)))
+
+
+async def _defect(_: Request, error: Exception) -> Response:
+    _log.error("unexpected error", exc_info=error)
+    return _problem_response(
+        Problem.service(500, "internal error; the administrator's log has the details")
+    )
+
+
+def _too_large(limit: int) -> Response:
+    return _problem_response(
+        Problem.service(413, f"request body is larger than the limit of {limit} bytes")
+    )
+
+
+def create_app(settings: ServerSettings) -> FastAPI:
+    """The service over ``settings.database`` (its policy must be set)."""
+    database = Path(settings.database)
+    policy_of(database)  # refuse to start without a policy, with the CLI's message
+    service = _Service(
+        settings,
+        database,
+        TokenStore(database),
+        EngineRunner(database, settings.engine_threads),
+        RateLimiter(settings.rate_per_minute),
+    )
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        service.runner.close()
+        service.tokens.close()
+
+    app = FastAPI(
+        title="dpsql",
+        version=version("dpsql"),
+        summary="Differentially private SQL over one database, with a privacy ledger.",
+        description=(
+            "Send `Authorization: Bearer <token>` (from `dpsql token create`). Analysts query, "
+            "explain and read their own budget, ledger entries and synopses; auditors read the "
+            "whole ledger and budget and verify it. Errors are RFC 9457 problem details."
+        ),
+        default_response_class=StrictJSONResponse,
+        lifespan=lifespan,
+    )
+    app.state.service = service
+    app.include_router(router)
+    app.mount("/console", StaticFiles(directory=CONSOLE), name="console")
+    app.add_exception_handler(DpsqlError, _refused)
+    app.add_exception_handler(RequestValidationError, _invalid)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(Exception, _defect)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, too_large=_too_large)
+    return app
+
+
+def app_from_environment() -> FastAPI:
+    """The uvicorn factory: settings from ``DPSQL_SERVE_SETTINGS`` (JSON)."""
+    return create_app(ServerSettings.model_validate_json(os.environ[SETTINGS_VARIABLE]))

@@ -1,0 +1,150 @@
+"""The remote connection: the analyst surface of a ``Session``, over HTTP.
+
+``dpsql.connect("http://host:8765", token=...)`` returns a ``RemoteSession`` with the same
+``execute``, ``explain``, ``budget``, ``ledger`` and ``synopses``, the same result types, and the
+same exception classes (rebuilt from the service's problem documents).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dpsql.engine.results import BudgetReport, QueryResult
+from dpsql.engine.session import Session
+from dpsql.engine.session import connect as connect_local
+from dpsql.errors import AccessError, ServiceError
+from dpsql.serving.problems import error_from_problem
+
+if TYPE_CHECKING:
+    import httpx
+
+__all__ = ["RemoteSession", "connect"]
+
+
+class RemoteSession:
+    """An analyst's (or auditor's) connection to a dpsql service.
+
+    ``transport`` replaces httpx's network transport (tests, proxies); ``timeout`` is in seconds.
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        timeout: float = 300.0,
+        transport: httpx.BaseTransport | None = None,
+    ):
+        import httpx
+
+        token = token if token is not None else os.environ.get("DPSQL_TOKEN")
+        if not token:
+            raise AccessError("a remote connection needs token=... (or DPSQL_TOKEN)", status=401)
+        self.url = url.rstrip("/")
+        self._client = httpx.Client(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
+            timeout=timeout,
+            transport=transport,
+        )
+
+    def __enter__(self) -> RemoteSession:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _call(self, method: str, path: str, body: dict[str, Any] | None = None) -> Any:
+        import httpx
+
+        try:
+            response = self._client.request(method, path, json=body)
+        except httpx.HTTPError as error:
+            raise ServiceError(
+                f"cannot reach the dpsql service at {self.url}: {error}", status=503
+            ) from None
+        if response.is_success:
+            return response.json()
+        try:
+            document = response.json()
+        except ValueError:
+            document = {"detail": f"HTTP status {response.status_code}"}
+        raise error_from_problem(document, response.status_code)
+
+    @staticmethod
+    def _request(sql: str, **options: Any) -> dict[str, Any]:
+        return {"sql": sql, **{k: v for k, v in options.items() if v is not None}}
+
+    def execute(
+        self,
+        sql: str,
+        *,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        mechanism: str | None = None,
+        max_answers: int | None = None,
+    ) -> QueryResult:
+        """Answer ``sql`` on the service, charging the token's analyst first."""
+        body = self._request(
+            sql, epsilon=epsilon, delta=delta, mechanism=mechanism, max_answers=max_answers
+        )
+        return QueryResult.from_dict(self._call("POST", "/v1/query", body))
+
+    def explain(
+        self,
+        sql: str,
+        *,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        mechanism: str | None = None,
+        max_answers: int | None = None,
+    ) -> dict[str, Any]:
+        """Plan and cost of ``sql``, without reading data or charging."""
+        body = self._request(
+            sql, epsilon=epsilon, delta=delta, mechanism=mechanism, max_answers=max_answers
+        )
+        return self._call("POST", "/v1/explain", body)
+
+    def budget(self) -> BudgetReport:
+        """Cap, spent and remaining: the dataset and this analyst (all analysts for an auditor)."""
+        return BudgetReport.model_validate(self._call("GET", "/v1/budget"))
+
+    def ledger(self) -> list[dict[str, Any]]:
+        """This analyst's ledger entries (every entry for an auditor), oldest first."""
+        return self._call("GET", "/v1/ledger")
+
+    def synopses(self) -> list[dict[str, Any]]:
+        """Stored synopses this analyst may use (parameters only)."""
+        return self._call("GET", "/v1/synopses")
+
+    def verify(self) -> dict[str, Any]:
+        """Auditors: check the ledger's chain (``{"verified", "entries", "last_hash", ...}``)."""
+        return self._call("GET", "/v1/ledger/verify")
+
+
+def connect(
+    target: str | Path,
+    *,
+    analyst: str | None = None,
+    token: str | None = None,
+    **options: Any,
+) -> Session | RemoteSession:
+    """A session on a database file (``analyst=``) or on a service URL (``token=``).
+
+    ``options`` go to the local ``dpsql.engine.session.connect`` (dialect, progress, ...).
+    """
+    if isinstance(target, str) and target.startswith(("http://", "https://")):
+        if analyst is not None:
+            raise AccessError(
+                "a service takes the analyst from the token; pass token=..., not analyst=...",
+                status=400,
+            )
+        return RemoteSession(target, token=token, **options)
+    if analyst is None:
+        raise TypeError("connect() needs analyst=... for a database file")
+    return connect_local(target, analyst=analyst, **options)

@@ -1,0 +1,100 @@
+"""Limits the administrator sets on the service: body size, SQL length, rate, query time.
+
+``ServerSettings`` is validated once when the service starts. The rate limit is a token bucket
+per access token, kept in each worker's memory: with ``--workers N`` a token may reach N times
+the rate (the buckets are not shared; the ledger, which guards privacy, is).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["BodyLimit", "RateLimiter", "ServerSettings"]
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class ServerSettings(BaseModel):
+    """What ``dpsql serve`` runs with; every limit is the administrator's."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    database: str
+    max_body_bytes: int = Field(64 * 1024, ge=1024, description="largest request body")
+    max_sql_length: int = Field(20_000, ge=16, description="longest SQL text, in characters")
+    rate_per_minute: int = Field(600, ge=1, description="requests per token per minute")
+    query_timeout: float = Field(60.0, gt=0, description="seconds a query or explain may take")
+    engine_threads: int = Field(4, ge=1, le=64, description="engine calls run at once per worker")
+
+
+class RateLimiter:
+    """A token bucket per key: ``per_minute`` requests a minute, bursts up to ``per_minute``."""
+
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic):
+        self.capacity = float(per_minute)
+        self.refill_per_second = per_minute / 60.0
+        self._clock = clock
+        self._buckets: dict[str, tuple[float, float]] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, key: str) -> float | None:
+        """Take one request from ``key``'s bucket: None if admitted, else seconds to wait."""
+        with self._lock:
+            now = self._clock()
+            level, then = self._buckets.get(key, (self.capacity, now))
+            level = min(self.capacity, level + (now - then) * self.refill_per_second)
+            if level >= 1.0:
+                self._buckets[key] = (level - 1.0, now)
+                return None
+            self._buckets[key] = (level, now)
+            return (1.0 - level) / self.refill_per_second
+
+
+class BodyLimit:
+    """ASGI middleware refusing request bodies above ``max_bytes`` with ``too_large`` (413),
+    whether the client declares the length or streams the body without one."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        max_bytes: int,
+        too_large: Callable[[int], ASGIApp],
+    ):
+        self.app = app
+        self.max_bytes = max_bytes
+        self.too_large = too_large
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            await self.too_large(self.max_bytes)(scope, receive, send)
+            return
+        messages: list[Message] = []
+        size = 0
+        while True:
+            message = await receive()
+            messages.append(message)
+            size += len(message.get("body", b""))
+            if size > self.max_bytes:
+                await self.too_large(self.max_bytes)(scope, receive, send)
+                return
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                break
+
+        async def replay() -> Message:
+            return messages.pop(0) if messages else await receive()
+
+        await self.app(scope, replay, send)

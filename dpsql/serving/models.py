@@ -1,0 +1,75 @@
+"""Pydantic models at the HTTP boundary: what a request may carry, and what answers look like.
+
+Requests forbid unknown fields: an ``analyst``, a generator seed or a memory limit in a body is
+refused, never read. Values (ε, δ, options) are checked by the engine, so the messages are the
+command line's.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "ExplainResponse",
+    "Identity",
+    "QueryRequest",
+    "QueryResponse",
+    "VerifyResponse",
+]
+
+
+class QueryRequest(BaseModel):
+    """A query (``POST /v1/query``) or a plan to price (``POST /v1/explain``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    sql: str = Field(min_length=1, description="the SQL; OPTIONS(...) in it work as on the CLI")
+    epsilon: float | None = Field(None, description="epsilon of this query")
+    delta: float | None = Field(None, description="delta of this query")
+    mechanism: Literal["laplace", "threshold", "alp"] | None = Field(
+        None, description="how keys without public keys are released; laplace skips synopses"
+    )
+    max_answers: int | None = Field(None, description="cut-off of the sparse vector technique")
+
+
+class QueryResponse(BaseModel):
+    """The JSON of ``dpsql query --format json``."""
+
+    columns: list[str]
+    rows: list[list[Any]]
+    intervals: dict[str, list[list[float | None]]]
+    confidence: float
+    noise_scale: dict[str, float | None]
+    epsilon_spent: float
+    delta_spent: float
+    mechanism: str
+    analyst: str
+    ledger_entry: int
+    details: dict[str, Any]
+
+
+class ExplainResponse(BaseModel):
+    """Plan and cost of a query, and the budget lines it draws on; nothing is read or charged."""
+
+    query: str
+    plan: dict[str, Any]
+    cost: dict[str, float]
+    draws_on: list[dict[str, Any]]
+
+
+class VerifyResponse(BaseModel):
+    """Result of checking the ledger's hash chain and every entry's total."""
+
+    verified: bool
+    entries: int
+    last_hash: str | None
+    detail: str
+
+
+class Identity(BaseModel):
+    """Who the token names."""
+
+    name: str
+    role: Literal["analyst", "auditor"]
