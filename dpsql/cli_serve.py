@@ -40,7 +40,6 @@ __all__ = ["register", "serve", "token"]
     "--rate-limit", default=600, show_default=True, type=click.IntRange(1), help="Per token/minute."
 )
 @click.option("--query-timeout", default=60.0, show_default=True, type=click.FloatRange(min=0.001))
-@click.option("--engine-threads", default=4, show_default=True, type=click.IntRange(1, 64))
 def serve(
     database: str,
     host: str,
@@ -50,7 +49,6 @@ def serve(
     max_sql_length: int,
     rate_limit: int,
     query_timeout: float,
-    engine_threads: int,
 ) -> None:
     """Serve the database over HTTP: the API under /v1, its docs at /docs, a console at /."""
     import uvicorn
@@ -67,7 +65,6 @@ def serve(
         max_sql_length=max_sql_length,
         rate_per_minute=rate_limit,
         query_timeout=query_timeout,
-        engine_threads=engine_threads,
     )
     os.environ[SETTINGS_VARIABLE] = settings.model_dump_json()
     click.echo(f"dpsql: serving {database} on http://{host}:{port} ({workers} worker(s))", err=True)

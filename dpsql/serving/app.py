@@ -33,7 +33,7 @@ from dpsql.errors import AccessError, DpsqlError, LedgerError, ServiceError
 from dpsql.serving import models
 from dpsql.serving.limits import BodyLimit, RateLimiter, ServerSettings
 from dpsql.serving.problems import PROBLEM_MEDIA_TYPE, Problem, problem_for
-from dpsql.serving.runner import EngineRunner
+from dpsql.serving.runner import EngineRunner, RunnerTimeout
 from dpsql.serving.tokens import Identity, TokenStore
 
 __all__ = ["SETTINGS_VARIABLE", "app_from_environment", "create_app"]
@@ -113,19 +113,24 @@ class _Service:
     runner: EngineRunner
     limiter: RateLimiter
 
+    async def _run(self, work: Callable[[Session | None], T], analyst: str | None) -> T:
+        timeout = self.settings.query_timeout
+        try:
+            return await self.runner.run(work, analyst=analyst, timeout=timeout)
+        except RunnerTimeout:
+            raise ServiceError(
+                f"the request did not finish within the time limit of {timeout:g} s; "
+                "a query that was charged stays charged",
+                status=504,
+            ) from None
+
     async def in_session(self, identity: Identity, work: Callable[[Session], T]) -> T:
-        """``work`` in the analyst's session on an engine thread, within the time limit."""
-        return await self.runner.run(
-            work,  # type: ignore[arg-type]  # with an analyst the session is never None
-            analyst=identity.name,
-            timeout=self.settings.query_timeout,
-        )
+        """``work`` in the analyst's session on the engine thread, within the time limit."""
+        return await self._run(work, identity.name)  # type: ignore[arg-type]
 
     async def in_thread(self, work: Callable[[], T]) -> T:
-        """``work`` (no session: auditor reads) on an engine thread, within the time limit."""
-        return await self.runner.run(
-            lambda _: work(), analyst=None, timeout=self.settings.query_timeout
-        )
+        """``work`` (no session: auditor reads) on the engine thread, within the time limit."""
+        return await self._run(lambda _: work(), None)
 
 
 def _service(request: Request) -> _Service:
@@ -356,7 +361,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         settings,
         database,
         TokenStore(database),
-        EngineRunner(database, settings.engine_threads),
+        EngineRunner(database),
         RateLimiter(settings.rate_per_minute),
     )
 

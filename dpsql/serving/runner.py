@@ -1,100 +1,86 @@
-"""Engine calls off the event loop, with a time limit.
+"""Engine calls off the event loop, one at a time per worker process, with a time limit.
 
-Sessions hold a DuckDB connection and a SQLite connection, neither of which may move between
-threads, so each engine thread keeps its own session per analyst (opened once: opening verifies
-the whole ledger). A call that passes its time limit is interrupted inside DuckDB and its session
-discarded; if it was charged, the charge stands, as everywhere in dpsql.
+DuckDB lets a process hold one read-only, configuration-locked connection to a database file,
+and SQLite connections may not move between threads. So each worker runs every engine call on
+one thread that owns one backend (opened from the policy when the first call arrives), shared by
+one session per analyst (opening a session verifies the whole ledger, so it is done once).
+DuckDB parallelises inside a query; the service scales across queries with ``--workers``.
+
+A call that passes its time limit is interrupted inside DuckDB; if it was charged, the charge
+stands, as everywhere in dpsql. A policy change that adds file sources needs a restart.
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from dpsql.engine.session import Session, connect
-from dpsql.errors import ServiceError
+from dpsql.engine.backends import DuckDBBackend
+from dpsql.engine.session import Session, show_policy
 
-__all__ = ["EngineRunner"]
+__all__ = ["EngineRunner", "RunnerTimeout"]
 
 T = TypeVar("T")
 
 
-class _Call:
-    """One engine call: the session it runs in, and whether it was interrupted."""
-
-    def __init__(self, analyst: str | None):
-        self.analyst = analyst
-        self.session: Session | None = None
-        self.interrupted = False
-        self._lock = threading.Lock()
-
-    def interrupt(self) -> None:
-        with self._lock:
-            self.interrupted = True
-            session = self.session
-        if session is not None:
-            # DuckDBBackend keeps its connection private; interrupting it is the one way to stop
-            # a running scan from another thread (the scan then raises inside the engine).
-            connection = getattr(session.backend, "_connection", None)
-            if connection is not None:
-                connection.interrupt()
+class RunnerTimeout(Exception):
+    """An engine call passed its time limit (it was interrupted, or never started)."""
 
 
 class EngineRunner:
-    """Runs engine work on ``threads`` threads, each with its own sessions."""
+    """Runs engine work on the worker's one engine thread."""
 
-    def __init__(self, database: str | Path, threads: int):
+    def __init__(self, database: str | Path):
         self.database = Path(database)
-        self._executor = ThreadPoolExecutor(threads, thread_name_prefix="dpsql-engine")
-        self._local = threading.local()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="dpsql-engine")
+        self._backend: DuckDBBackend | None = None
+        self._sessions: dict[str, Session] = {}
 
     def close(self) -> None:
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        """Close the sessions and the backend (on the engine thread, which owns them)."""
+        self._executor.submit(self._close).result()
+        self._executor.shutdown()
 
-    def _sessions(self) -> dict[str, Session]:
-        if not hasattr(self._local, "sessions"):
-            self._local.sessions = {}
-        return self._local.sessions
+    def _close(self) -> None:
+        for session in self._sessions.values():
+            session.close()  # closing the shared backend again is harmless
+        self._sessions.clear()
+        if self._backend is not None:
+            self._backend.close()
 
-    def _run(self, call: _Call, work: Callable[[Session | None], T]) -> T:
-        if call.analyst is None:
-            return work(None)
-        sessions = self._sessions()
-        session = sessions.get(call.analyst)
+    def _session(self, analyst: str) -> Session:
+        session = self._sessions.get(analyst)
         if session is None:
-            session = sessions[call.analyst] = connect(self.database, analyst=call.analyst)
-        with call._lock:
-            if call.interrupted:
-                raise ServiceError("interrupted before it started", status=504)
-            call.session = session
-        try:
-            return work(session)
-        finally:
-            with call._lock:
-                call.session = None
-                if call.interrupted:
-                    sessions.pop(call.analyst, None)
-                    session.close()
+            if self._backend is None:
+                self._backend = DuckDBBackend.for_policy(self.database, show_policy(self.database))
+            session = Session(self.database, analyst=analyst, backend=self._backend)
+            self._sessions[analyst] = session
+        return session
+
+    def _run(self, work: Callable[[Session | None], T], analyst: str | None) -> T:
+        return work(None if analyst is None else self._session(analyst))
+
+    def _interrupt(self) -> None:
+        # DuckDBBackend keeps its connection private; interrupting it is the one way to stop a
+        # running scan from another thread (the engine then raises ExecutionError).
+        connection = getattr(self._backend, "_connection", None)
+        if connection is not None:
+            connection.interrupt()
 
     async def run(
         self, work: Callable[[Session | None], T], *, analyst: str | None, timeout: float
     ) -> T:
-        """``work(session)`` in an engine thread (``session`` is None without ``analyst``).
+        """``work(session)`` on the engine thread (``session`` is None without ``analyst``).
 
-        Past ``timeout`` seconds raise one data-independent ``ServiceError`` (504).
+        Raise ``RunnerTimeout`` past ``timeout`` seconds (time queued included).
         """
-        call = _Call(analyst)
-        future = self._executor.submit(self._run, call, work)
+        future = self._executor.submit(self._run, work, analyst)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
         except TimeoutError:
-            call.interrupt()
-            raise ServiceError(
-                f"the request did not finish within the time limit of {timeout:g} s; "
-                "a query that was charged stays charged",
-                status=504,
-            ) from None
+            if not future.cancel():  # running: stop it; queued: it never starts
+                self._interrupt()
+            raise RunnerTimeout from None
