@@ -1,0 +1,82 @@
+"""Limits and the runner, in process: rate buckets, time limits, defects without details."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from dpsql.engine.session import database_ledger
+from dpsql.serving.app import create_app
+from dpsql.serving.limits import RateLimiter, ServerSettings
+from dpsql.serving.runner import EngineRunner, RunnerTimeout
+from dpsql.serving.tokens import TokenStore
+from tests.serving.conftest import demo_database
+
+
+def test_rate_limiter_refills_at_the_rate() -> None:
+    now = [0.0]
+    limiter = RateLimiter(60, clock=lambda: now[0])
+    assert all(limiter.admit("a") is None for _ in range(60))
+    assert limiter.admit("a") == pytest.approx(1.0)
+    assert limiter.admit("b") is None
+    now[0] = 2.0
+    assert limiter.admit("a") is None and limiter.admit("a") is None
+    assert limiter.admit("a") is not None
+
+
+def test_a_timeout_after_the_charge_keeps_the_charge(tmp_path: Path) -> None:
+    database = demo_database(tmp_path)
+    runner = EngineRunner(database)
+
+    def charged_then_slow(session):
+        session.execute("SELECT COUNT(*) FROM requests", epsilon=0.1)
+        time.sleep(0.5)
+        return "answer"
+
+    try:
+        with pytest.raises(RunnerTimeout):
+            asyncio.run(runner.run(charged_then_slow, analyst="alice", timeout=0.2))
+        time.sleep(0.5)
+        charges = [e for e in database_ledger(database) if e["kind"] == "charge"]
+        assert len(charges) == 1
+        answer = asyncio.run(runner.run(lambda s: s.budget(), analyst="alice", timeout=30))
+        assert answer.for_analyst("alice").epsilon_spent == pytest.approx(0.1)
+    finally:
+        runner.close()
+
+
+def test_defects_are_500_without_details(tmp_path: Path, monkeypatch) -> None:
+    database = demo_database(tmp_path)
+    with TokenStore(database) as store:
+        token, _ = store.create("alice")
+    app = create_app(ServerSettings(database=str(database)))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("row value 4242 leaked")
+
+    monkeypatch.setattr("dpsql.engine.session.Session.execute", broken)
+
+    async def call() -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, raise_app_exceptions=False)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as client:
+            return await client.post(
+                "/v1/query",
+                json={"sql": "SELECT COUNT(*) FROM requests"},
+                headers={"Authorization": f"Bearer {token}"},
+            )
+
+    response = asyncio.run(call())
+    assert response.status_code == 500
+    assert response.json()["type"] == "urn:dpsql:problem:internal"
+    assert "4242" not in response.text and "Traceback" not in response.text
+
+
+def test_settings_are_validated_once() -> None:
+    with pytest.raises(ValueError, match="max_body_bytes"):
+        ServerSettings(database="x", max_body_bytes=1)
+    with pytest.raises(ValueError, match="extra"):
+        ServerSettings(database="x", seed=1)
