@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -18,6 +19,7 @@ from click.core import ParameterSource
 
 from dpsql.cli_output import db_option, print_csv, print_table
 from dpsql.engine.session import show_policy
+from dpsql.errors import ParameterError
 from dpsql.serving.client import RemoteSession
 
 __all__ = ["register", "serve", "token"]
@@ -52,6 +54,7 @@ def serve(
 ) -> None:
     """Serve the database over HTTP: the API under /v1, its docs at /docs, a console at /."""
     import uvicorn
+    from uvicorn.supervisors import Multiprocess
 
     from dpsql.serving.app import SETTINGS_VARIABLE
     from dpsql.serving.limits import ServerSettings
@@ -67,8 +70,7 @@ def serve(
         query_timeout=query_timeout,
     )
     os.environ[SETTINGS_VARIABLE] = settings.model_dump_json()
-    click.echo(f"dpsql: serving {database} on http://{host}:{port} ({workers} worker(s))", err=True)
-    uvicorn.run(
+    config = uvicorn.Config(
         "dpsql.serving.app:app_from_environment",
         factory=True,
         host=host,
@@ -76,6 +78,32 @@ def serve(
         workers=workers,
         log_level="warning",
     )
+    listening = _listening_socket(host, port)
+    click.echo(f"dpsql: serving {database} on http://{host}:{port} ({workers} worker(s))", err=True)
+    if workers > 1:
+        Multiprocess(config, sockets=[listening]).run()
+    else:
+        uvicorn.Server(config).run(sockets=[listening])
+
+
+def _listening_socket(host: str, port: int) -> socket.socket:
+    """The service's listening socket, bound with the TCP protocol number.
+
+    uvicorn binds its multi-worker socket with protocol 0, and asyncio then never sets
+    TCP_NODELAY on the connections: every response stalls 40 ms on delayed ACKs. So dpsql binds
+    the socket itself (as uvicorn's ``run`` would) and hands it to uvicorn's supervisor.
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+        )[0]
+        listening = socket.socket(family, kind, proto)
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind(address)
+    except OSError as error:
+        raise ParameterError(f"cannot listen on {host}:{port}: {error.strerror}") from None
+    listening.set_inheritable(True)
+    return listening
 
 
 @click.group()

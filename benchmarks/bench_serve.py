@@ -1,0 +1,106 @@
+"""``dpsql serve`` against the local Python API, in one run, on the demo data.
+
+Latency and throughput of ``POST /v1/query`` (a COUNT over ``--rows`` rows) with 1, 4 and 16
+concurrent clients on loopback, as ratios against the same query through ``dpsql.connect`` in
+this process; then correctness at the cap: 16 clients x 50 queries against a cap that admits
+exactly K. Every loop is bounded; the script stops by itself.
+
+    .venv/bin/python benchmarks/bench_serve.py [--rows 100000] [--repeats 60] [--workers 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test harness starts servers
+
+import dpsql
+from dpsql.accountant.units import Cost
+from dpsql.engine.demo import DEMO_POLICY
+from tests.serving.conftest import serve, stop
+from tests.serving.load import hammer
+from tests.serving.test_concurrency import ADMITTED, CAPPED, EPSILON
+
+SQL = "SELECT COUNT(*) AS n FROM requests"
+ROOMY = DEMO_POLICY.replace("epsilon = 10.0", "epsilon = 1000000.0").replace(
+    "epsilon = 4.0", "epsilon = 1000000.0"
+)
+
+
+def local_latencies(database: Path, repeats: int) -> list[float]:
+    with dpsql.connect(database, analyst="alice") as db:
+        for _ in range(3):
+            db.execute(SQL, epsilon=0.001)
+        samples = []
+        for _ in range(repeats):
+            began = time.perf_counter()
+            db.execute(SQL, epsilon=0.001)
+            samples.append(time.perf_counter() - began)
+    return samples
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=100_000)
+    parser.add_argument("--repeats", type=int, default=60, help="requests per concurrency level")
+    parser.add_argument("--workers", type=int, default=2)
+    args = parser.parse_args()
+    workers = ("--workers", str(args.workers), "--rate-limit", "1000000")
+    with tempfile.TemporaryDirectory() as directory:
+        server = serve(Path(directory), *workers, policy=ROOMY, rows=args.rows)
+        try:
+            local = local_latencies(server.database, args.repeats)
+            local_median = statistics.median(local)
+            print(f"COUNT(*) over {args.rows} rows; service with {args.workers} worker(s)")
+            print(f"local Python API, 1 client: median {local_median * 1e3:.2f} ms")
+            body = {"sql": SQL, "epsilon": 0.001}
+            hammer(server.url, [server.alice], clients=1, per_client=3, body=body)  # warm up
+            print("clients  median ms  p95 ms  req/s  failed  median/local  req/s / local")
+            for clients in (1, 4, 16):
+                per_client = max(1, args.repeats // clients)
+                began = time.perf_counter()
+                replies = hammer(
+                    server.url, [server.alice], clients=clients, per_client=per_client, body=body
+                )
+                elapsed = time.perf_counter() - began
+                seconds = sorted(r.seconds for r in replies)
+                median = statistics.median(seconds)
+                p95 = seconds[int(0.95 * (len(seconds) - 1))]
+                failed = sum(r.status != 200 for r in replies)
+                rate = len(replies) / elapsed
+                print(
+                    f"{clients:7d}  {median * 1e3:9.2f}  {p95 * 1e3:6.2f}  {rate:5.0f}  "
+                    f"{failed:6d}  {median / local_median:12.2f}  {rate * local_median:13.2f}"
+                )
+        finally:
+            stop(server.process)
+        capped = serve(Path(directory) / "cap", *workers, policy=CAPPED, rows=args.rows)
+        try:
+            query = {"sql": SQL, "epsilon": EPSILON}
+            began = time.perf_counter()
+            replies = hammer(
+                capped.url, [capped.alice, capped.bob], clients=16, per_client=50, body=query
+            )
+            elapsed = time.perf_counter() - began
+            statuses = Counter(r.status for r in replies)
+            charges = [e for e in capped.entries() if e["kind"] == "charge"]  # verified on open
+            units = sum(e["epsilon_units"] for e in charges)
+            cap = Cost.cap(ADMITTED * EPSILON, 0).epsilon_units
+            print(
+                f"at the cap: 16 clients x 50 queries in {elapsed:.1f} s -> {statuses[200]} "
+                f"answered (cap admits {ADMITTED}), {statuses[409]} refused (409), "
+                f"other {len(replies) - statuses[200] - statuses[409]}; ledger verified; "
+                f"charged {units} of {cap} epsilon units"
+            )
+        finally:
+            stop(capped.process)
+
+
+if __name__ == "__main__":
+    main()
