@@ -61,6 +61,19 @@ def main() -> None:
             print(f"local Python API, 1 client: median {local_median * 1e3:.2f} ms")
             body = {"sql": SQL, "epsilon": 0.001}
             hammer(server.url, [server.alice], clients=1, per_client=3, body=body)  # warm up
+            with dpsql.connect(server.url, token=server.alice) as remote:
+                remote.execute(SQL, epsilon=0.001)
+                samples = []
+                for _ in range(args.repeats):
+                    began = time.perf_counter()
+                    remote.execute(SQL, epsilon=0.001)
+                    samples.append(time.perf_counter() - began)
+            remote_median = statistics.median(samples)
+            print(
+                f"dpsql.connect(url) (httpx), 1 client: median {remote_median * 1e3:.2f} ms "
+                f"= {remote_median / local_median:.2f} x local"
+            )
+            print("POST /v1/query with http.client keep-alive connections:")
             print("clients  median ms  p95 ms  req/s  failed  median/local  req/s / local")
             for clients in (1, 4, 16):
                 per_client = max(1, args.repeats // clients)

@@ -133,15 +133,17 @@ class _Service:
         return await self._run(lambda _: work(), None)
 
 
-def _service(request: Request) -> _Service:
+async def _service(request: Request) -> _Service:
     return request.app.state.service
 
 
 _bearer = HTTPBearer(auto_error=False, description="a token from `dpsql token create`")
+# Dependencies are coroutines: FastAPI would run plain functions on a thread each (one hop per
+# dependency and request); all of them are quick (the token lookup is one indexed SQLite read).
 Service = Annotated[_Service, Depends(_service)]
 
 
-def _caller(
+async def _caller(
     service: Service,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Identity:
@@ -159,13 +161,13 @@ def _caller(
 Caller = Annotated[Identity, Depends(_caller)]
 
 
-def _analyst(identity: Caller) -> Identity:
+async def _analyst(identity: Caller) -> Identity:
     if identity.role != "analyst":
         raise AccessError(f"role {identity.role!r} cannot query; use an analyst token", status=403)
     return identity
 
 
-def _auditor(identity: Caller) -> Identity:
+async def _auditor(identity: Caller) -> Identity:
     if identity.role != "auditor":
         raise AccessError(
             f"role {identity.role!r} cannot do this; use an auditor token", status=403

@@ -1,22 +1,41 @@
-"""Concurrent clients for the service (used by the tests and ``benchmarks/bench_serve.py``)."""
+"""Concurrent clients for the service (used by the tests and ``benchmarks/bench_serve.py``).
+
+Each client is a keep-alive ``http.client`` connection: the leanest Python HTTP client, so that
+latencies measure the service rather than the client library.
+"""
 
 from __future__ import annotations
 
+import http.client
+import json
 import threading
 import time
 from dataclasses import dataclass
 from typing import Any
-
-import httpx
+from urllib.parse import urlsplit
 
 
 @dataclass(frozen=True)
 class Reply:
-    """One request's status, latency in seconds, and JSON body (None when not JSON)."""
+    """One request's status (0: the connection failed), latency in seconds, and JSON body."""
 
     status: int
     seconds: float
     body: Any
+
+
+def _send(connection: http.client.HTTPConnection, payload: bytes, headers: dict) -> Reply:
+    began = time.perf_counter()
+    try:
+        connection.request("POST", "/v1/query", payload, headers)
+        response = connection.getresponse()
+        data = response.read()
+    except (OSError, http.client.HTTPException):
+        connection.close()  # reconnects on the next request
+        return Reply(0, time.perf_counter() - began, None)
+    elapsed = time.perf_counter() - began
+    is_json = "json" in (response.getheader("content-type") or "")
+    return Reply(response.status, elapsed, json.loads(data) if is_json else None)
 
 
 def hammer(
@@ -24,25 +43,22 @@ def hammer(
 ) -> list[Reply]:
     """``clients`` threads, each with its own keep-alive connection and the token
     ``tokens[i % len(tokens)]``, send ``per_client`` queries each, starting together."""
+    address = urlsplit(url)
+    payload = json.dumps(body).encode()
     replies: list[list[Reply]] = [[] for _ in range(clients)]
     start = threading.Barrier(clients)
 
     def client(index: int) -> None:
-        headers = {"Authorization": f"Bearer {tokens[index % len(tokens)]}"}
-        with httpx.Client(base_url=url, headers=headers, timeout=120) as session:
+        headers = {
+            "Authorization": f"Bearer {tokens[index % len(tokens)]}",
+            "Content-Type": "application/json",
+        }
+        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=120)
+        try:
             start.wait()
-            for _ in range(per_client):
-                began = time.perf_counter()
-                try:
-                    response = session.post("/v1/query", json=body)
-                except httpx.HTTPError:
-                    replies[index].append(Reply(0, time.perf_counter() - began, None))
-                    continue
-                elapsed = time.perf_counter() - began
-                is_json = "json" in response.headers.get("content-type", "")
-                replies[index].append(
-                    Reply(response.status_code, elapsed, response.json() if is_json else None)
-                )
+            replies[index] = [_send(connection, payload, headers) for _ in range(per_client)]
+        finally:
+            connection.close()
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for thread in threads:
