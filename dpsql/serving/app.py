@@ -320,7 +320,11 @@ async def health() -> dict[str, str]:
 
 @router.get("/", include_in_schema=False)
 async def console() -> FileResponse:
-    return FileResponse(CONSOLE / "index.html")
+    """The web console; its scripts come from this origin only."""
+    return FileResponse(
+        CONSOLE / "index.html",
+        headers={"Content-Security-Policy": "default-src 'self'"},
+    )
 
 
 async def _refused(_: Request, error: Exception) -> Response:
