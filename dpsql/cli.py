@@ -16,6 +16,7 @@ from dpsql.cli_output import console, db_option, print_csv, print_table
 from dpsql.cli_progress import progress_display, progress_option
 from dpsql.cli_publish import register as register_publish
 from dpsql.cli_serve import register as register_serve
+from dpsql.cli_serve import serve_demo
 from dpsql.engine import demo as demo_data
 from dpsql.engine.results import LEDGER_COLUMNS, BudgetReport, QueryResult
 from dpsql.engine.session import (
@@ -268,7 +269,13 @@ def ledger_verify(database: str) -> None:
     help="Where to build the demo database.",
 )
 @click.option("--rows", default=200_000, show_default=True, type=click.IntRange(1000, 10**8))
-def demo(directory: str, rows: int) -> None:
+@click.option(
+    "--serve",
+    "then_serve",
+    is_flag=True,
+    help="Then serve the demo database on 127.0.0.1:8765 with an analyst and an auditor token.",
+)
+def demo(directory: str, rows: int, then_serve: bool) -> None:
     """Build a generated demo database, set its policy, and run a few DP queries."""
     database = Path(directory) / "demo.duckdb"
     ledger_path(database).unlink(missing_ok=True)
@@ -297,6 +304,8 @@ def demo(directory: str, rows: int) -> None:
         f"Try: dpsql query --db {database} --analyst alice "
         '"SELECT country, COUNT(*) FROM requests GROUP BY country"'
     )
+    if then_serve:
+        serve_demo(str(database))
 
 
 register_publish(cli)

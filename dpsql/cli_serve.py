@@ -12,7 +12,7 @@ import json
 import os
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from click.core import ParameterSource
@@ -22,7 +22,10 @@ from dpsql.engine.session import show_policy
 from dpsql.errors import ParameterError
 from dpsql.serving.client import RemoteSession
 
-__all__ = ["register", "serve", "token"]
+if TYPE_CHECKING:
+    from dpsql.serving.limits import ServerSettings
+
+__all__ = ["register", "run_service", "serve", "serve_demo", "token"]
 
 
 @click.command()
@@ -53,10 +56,6 @@ def serve(
     query_timeout: float,
 ) -> None:
     """Serve the database over HTTP: the API under /v1, its docs at /docs, a console at /."""
-    import uvicorn
-    from uvicorn.supervisors import Multiprocess
-
-    from dpsql.serving.app import SETTINGS_VARIABLE
     from dpsql.serving.limits import ServerSettings
     from dpsql.serving.tokens import TokenStore
 
@@ -69,6 +68,16 @@ def serve(
         rate_per_minute=rate_limit,
         query_timeout=query_timeout,
     )
+    run_service(settings, host=host, port=port, workers=workers)
+
+
+def run_service(settings: ServerSettings, *, host: str, port: int, workers: int) -> None:
+    """Start uvicorn with ``workers`` processes on ``host:port``; returns when it stops."""
+    import uvicorn
+    from uvicorn.supervisors import Multiprocess
+
+    from dpsql.serving.app import SETTINGS_VARIABLE
+
     os.environ[SETTINGS_VARIABLE] = settings.model_dump_json()
     config = uvicorn.Config(
         "dpsql.serving.app:app_from_environment",
@@ -79,11 +88,32 @@ def serve(
         log_level="warning",
     )
     listening = _listening_socket(host, port)
-    click.echo(f"dpsql: serving {database} on http://{host}:{port} ({workers} worker(s))", err=True)
+    click.echo(
+        f"dpsql: serving {settings.database} on http://{host}:{port} ({workers} worker(s))",
+        err=True,
+    )
     if workers > 1:
         Multiprocess(config, sockets=[listening]).run()
     else:
         uvicorn.Server(config).run(sockets=[listening])
+
+
+def serve_demo(database: str, *, host: str = "127.0.0.1", port: int = 8765) -> None:
+    """Print an analyst and an auditor token for the demo database, then serve it."""
+    from dpsql.serving.limits import ServerSettings
+    from dpsql.serving.tokens import TokenStore
+
+    with TokenStore(database) as store:
+        alice, _ = store.create("alice", "analyst")
+        auditor, _ = store.create("auditor", "auditor")
+    click.echo(
+        f"\nConsole: http://{host}:{port}/   API docs: http://{host}:{port}/docs\n"
+        f"  analyst alice: {alice}\n"
+        f"  auditor:       {auditor}\n"
+        "Stop with Ctrl-C."
+    )
+    settings = ServerSettings(database=os.path.abspath(database))
+    run_service(settings, host=host, port=port, workers=1)
 
 
 def _listening_socket(host: str, port: int) -> socket.socket:

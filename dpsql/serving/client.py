@@ -42,6 +42,10 @@ class RemoteSession:
         token = token if token is not None else os.environ.get("DPSQL_TOKEN")
         if not token:
             raise AccessError("a remote connection needs token=... (or DPSQL_TOKEN)", status=401)
+        if not token.isprintable() or " " in token:
+            raise AccessError(
+                "the token has spaces or control characters; copy it again", status=401
+            )
         self.url = url.rstrip("/")
         self._client = httpx.Client(
             base_url=self.url,
