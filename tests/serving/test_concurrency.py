@@ -44,33 +44,48 @@ def test_exactly_the_cap_is_answered(tmp_path: Path) -> None:
         stop(server.process)
 
 
-def workers_of(pid: int) -> list[int]:
+def live_workers(pid: int) -> list[int]:
+    """The worker processes under the server (uvicorn's supervisor) that are running."""
     children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return [int(child) for child in children]
+    alive = []
+    for child in children:
+        status, command = Path(f"/proc/{child}/status"), Path(f"/proc/{child}/cmdline")
+        try:  # multiprocessing's resource tracker is a child too; workers run spawn_main
+            if b"spawn_main" in command.read_bytes() and "State:\tZ" not in status.read_text():
+                alive.append(int(child))
+        except FileNotFoundError:
+            continue
+    return alive
 
 
 def test_a_killed_worker_leaves_no_answer_without_a_charge(tmp_path: Path) -> None:
     server = serve(tmp_path, "--workers", "2", "--rate-limit", "100000", rows=200_000)
     try:
-        workers = [p for p in workers_of(server.process.pid) if Path(f"/proc/{p}").exists()]
-        assert len(workers) >= 2
-        killer = threading.Timer(1.0, lambda: os.kill(workers[0], signal.SIGKILL))
-        killer.start()
-        replies = hammer(
-            server.url,
-            [server.alice],
-            clients=4,
-            per_client=15,
-            body={**QUERY, "epsilon": 0.01},
+        workers = live_workers(server.process.pid)
+        assert len(workers) == 2
+        replies: list = []
+        body = {**QUERY, "epsilon": 0.01}
+        load = threading.Thread(
+            target=lambda: replies.extend(
+                hammer(server.url, [server.alice], clients=4, per_client=40, body=body)
+            )
         )
-        killer.join()
+        load.start()
+        deadline = time.monotonic() + 60
+        while len(server.entries()) < 12 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        os.kill(workers[0], signal.SIGKILL)
+        assert load.is_alive(), "the load ended before the kill"
+        load.join()
         charges = {e["seq"]: e for e in server.entries() if e["kind"] == "charge"}
         answered = [reply.body["ledger_entry"] for reply in replies if reply.status == 200]
-        assert all(charges[seq]["analyst"] == "alice" for seq in answered)
+        assert answered and all(charges[seq]["analyst"] == "alice" for seq in answered)
         assert len(answered) == len(set(answered)) and len(charges) >= len(answered)
         assert {reply.status for reply in replies} <= {200, 0}
-        time.sleep(2)
-        after = hammer(server.url, [server.alice], clients=2, per_client=3, body=QUERY)
+        while len(live_workers(server.process.pid)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)  # uvicorn's supervisor replaces the dead worker
+        assert len(live_workers(server.process.pid)) == 2
+        after = hammer(server.url, [server.alice], clients=4, per_client=3, body=QUERY)
         assert {reply.status for reply in after} == {200}
     finally:
         stop(server.process)
