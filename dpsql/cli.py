@@ -144,12 +144,6 @@ def policy_show(database: str) -> None:
 @_max_answers
 @_format
 @progress_option
-@click.option(
-    "--memory-limit",
-    default=None,
-    help="Cap DuckDB's memory, e.g. 6GB; larger work spills to disk [default: DuckDB's, 80% of "
-    "RAM].",
-)
 @click.argument("sql")
 def query(
     database: str,
@@ -161,19 +155,12 @@ def query(
     max_answers: int | None,
     output_format: str,
     show_progress: bool | None,
-    memory_limit: str | None,
     sql: str,
 ) -> None:
     """Answer SQL with differential privacy, charging the analyst's budget first."""
     with (
         progress_display(show_progress) as display,
-        connect(
-            database,
-            analyst=analyst,
-            dialect=dialect,
-            progress=display,
-            memory_limit=memory_limit,
-        ) as session,
+        connect(database, analyst=analyst, dialect=dialect, progress=display) as session,
     ):
         result = session.execute(
             sql, epsilon=epsilon, delta=delta, mechanism=mechanism, max_answers=max_answers

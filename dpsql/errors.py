@@ -20,6 +20,7 @@ Messages name the problem and never contain values read from the data.
 from __future__ import annotations
 
 __all__ = [
+    "FAILED_AFTER_CHARGE",
     "BudgetExceededError",
     "DpsqlError",
     "ExecutionError",
@@ -82,3 +83,8 @@ class LedgerError(DpsqlError):
 
 class ExecutionError(DpsqlError):
     """The database failed while running a planned, already-charged query."""
+
+
+FAILED_AFTER_CHARGE = "the query failed after its charge was recorded; the charge stands"
+"""The one message of every failure after a charge, whatever its cause: what failed, and why,
+may depend on the rows read, so neither is told (the exception chain is dropped too)."""

@@ -17,10 +17,10 @@ import duckdb
 import pandas as pd
 from sqlglot import exp
 
-from dpsql.engine.policy import Policy
+from dpsql.engine.policy import MEMORY_PATTERN, Policy
 from dpsql.engine.progress import Progress, run_duckdb
 from dpsql.engine.sources import FileSource, allowed_files, policy_sources
-from dpsql.errors import ExecutionError, ParameterError, PolicyError
+from dpsql.errors import FAILED_AFTER_CHARGE, ExecutionError, ParameterError, PolicyError
 
 __all__ = ["DUCKDB_CONFIG", "Backend", "DuckDBBackend"]
 
@@ -83,7 +83,7 @@ class DuckDBBackend:
             raise ParameterError(f"database file {str(self.path)!r} does not exist")
         config = dict(DUCKDB_CONFIG)
         if memory_limit is not None:
-            if not _MEMORY.fullmatch(memory_limit):
+            if not re.fullmatch(MEMORY_PATTERN, memory_limit):
                 raise ParameterError(f"memory_limit must look like '6GB', got {memory_limit!r}")
             # Beyond the limit DuckDB spills to a private temporary directory, removed on close.
             self._spill = tempfile.TemporaryDirectory(prefix="dpsql-spill-")
@@ -100,18 +100,14 @@ class DuckDBBackend:
             self._check_sources_are_new()
 
     @classmethod
-    def for_policy(
-        cls, database: str | Path | None, policy: Policy, *, memory_limit: str | None = None
-    ) -> DuckDBBackend:
-        """The database with the policy's file sources attached. Without a database file (it
-        does not exist, or is ``None``), an in-memory database holds only the sources.
-
-        ``memory_limit`` (e.g. ``"6GB"``) caps DuckDB's memory; larger work spills to disk.
-        """
+    def for_policy(cls, database: str | Path | None, policy: Policy) -> DuckDBBackend:
+        """The database with the policy's file sources attached and its memory limit. Without a
+        database file (it does not exist, or is ``None``), an in-memory database holds only the
+        sources."""
         sources = policy_sources(policy, database)
         if database is None or (sources and not Path(database).is_file()):
             database = None
-        return cls(database, sources=sources, memory_limit=memory_limit)
+        return cls(database, sources=sources, memory_limit=policy.dataset.memory_limit)
 
     @staticmethod
     def _open_file(path: Path, config: dict[str, object]) -> duckdb.DuckDBPyConnection:
@@ -223,12 +219,11 @@ class DuckDBBackend:
             if progress is None:
                 return self._connection.execute(sql).df()
             return run_duckdb(self._connection, sql, progress)
-        except duckdb.Error as error:
-            # The message may quote row values; report only the error class.
-            raise ExecutionError(
-                f"the database failed while running the planned query "
-                f"({type(error).__name__}); the charge stands"
-            ) from None
+        except duckdb.Error:
+            pass
+        # Raised outside the handler, so no exception chain carries the database's message (which
+        # may quote row values) or its class (which may depend on them).
+        raise ExecutionError(FAILED_AFTER_CHARGE)
 
     def close(self) -> None:
         self._connection.close()
@@ -239,8 +234,6 @@ class DuckDBBackend:
             self._spill.cleanup()
             self._spill = None
 
-
-_MEMORY = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
 
 _ATTACHED = "__dpsql_database"
 """Catalog name of the database file inside a backend's private in-memory DuckDB."""

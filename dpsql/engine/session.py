@@ -44,7 +44,13 @@ from dpsql.engine.synopses import (
     point_queries,
 )
 from dpsql.engine.synopses import now as synopsis_time
-from dpsql.errors import ParameterError, PolicyError, UnsupportedQueryError
+from dpsql.errors import (
+    FAILED_AFTER_CHARGE,
+    ExecutionError,
+    ParameterError,
+    PolicyError,
+    UnsupportedQueryError,
+)
 from dpsql.mechanisms import svt
 from dpsql.mechanisms.combined import CombinedRelease
 from dpsql.mechanisms.random import session_generator
@@ -157,8 +163,9 @@ class Session:
 
     ``progress`` (see ``dpsql.engine.progress``) is told the stages of ``execute`` after the
     charge: "reading data" (with the backend's estimate when its ``run`` takes ``progress``),
-    then "building <mechanism> release" or "adding noise", then "done". ``memory_limit`` (e.g.
-    ``"6GB"``) caps the default DuckDB backend's memory; beyond it DuckDB spills to disk.
+    then "building <mechanism> release" or "adding noise", then "done". The default DuckDB
+    backend's memory limit is the policy's (``[dataset] memory_limit``), never the caller's: a
+    limit an analyst could choose would let one person's rows decide whether a query fails.
     """
 
     def __init__(
@@ -169,12 +176,9 @@ class Session:
         dialect: str = "duckdb",
         backend: Backend | None = None,
         progress: Progress | None = None,
-        memory_limit: str | None = None,
     ):
         if not isinstance(analyst, str) or not analyst:
             raise ParameterError(f"analyst must be a non-empty name, got {analyst!r}")
-        if backend is not None and memory_limit is not None:
-            raise ParameterError("memory_limit applies to the default DuckDB backend only")
         self.database = Path(database)
         self.analyst = analyst
         self.dialect = dialect
@@ -188,7 +192,7 @@ class Session:
         self.backend = (
             backend
             if backend is not None
-            else DuckDBBackend.for_policy(database, self.policy, memory_limit=memory_limit)
+            else DuckDBBackend.for_policy(database, self.policy)
         )
         if analyst not in self.policy.analysts:
             raise PolicyError(f"analyst {analyst!r} has no allocation in the policy")
@@ -361,6 +365,19 @@ class Session:
             mechanism=plan.mechanism,
             partition=plan.partition,
         )
+        answer = None
+        try:
+            answer = self._answer(plan, entry)
+        except Exception:
+            pass
+        if answer is None:
+            # Whether, where and why a charged query fails may depend on the rows it read: every
+            # failure is the same message, raised outside the handler so no chain carries more.
+            raise ExecutionError(FAILED_AFTER_CHARGE)
+        return answer
+
+    def _answer(self, plan: QueryPlan, entry: LedgerEntry) -> QueryResult:
+        """Read the charged plan's aggregates and release them."""
         progress = self.progress if self.progress is not None else no_progress
         if plan.range_queries is not None:
             groups = self._read(public_groups(plan.shape, self.backend.dialect), "reading groups")
@@ -652,19 +669,13 @@ def connect(
     analyst: str,
     dialect: str = "duckdb",
     progress: Progress | None = None,
-    memory_limit: str | None = None,
 ) -> Session:
     """Open a session on a DuckDB database file whose policy has been set.
 
     ``dialect`` is the SQL dialect the analyst writes in (any sqlglot dialect); noise always comes
     from the secure generator (no caller can choose it); ``progress`` is told the
-    stages of each ``execute`` (``dpsql.engine.progress``); ``memory_limit`` (e.g. ``"6GB"``)
-    caps DuckDB's memory, larger work spilling to a temporary directory.
+    stages of each ``execute`` (``dpsql.engine.progress``). Nothing an analyst passes here
+    changes what is private: the generator, memory limit and backend are the engine's and the
+    policy's.
     """
-    return Session(
-        database,
-        analyst=analyst,
-        dialect=dialect,
-        progress=progress,
-        memory_limit=memory_limit,
-    )
+    return Session(database, analyst=analyst, dialect=dialect, progress=progress)

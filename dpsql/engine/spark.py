@@ -42,7 +42,7 @@ import pandas as pd
 from dpsql.engine.policy import Policy
 from dpsql.engine.progress import READING_DATA, Progress
 from dpsql.engine.sources import FileSource, file_source, policy_sources
-from dpsql.errors import ExecutionError, ParameterError
+from dpsql.errors import FAILED_AFTER_CHARGE, ExecutionError, ParameterError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -204,15 +204,15 @@ class SparkBackend:
         whole SQL query)."""
         if progress is not None:
             progress(READING_DATA, None)
+        frame = None
         try:
             with _quiet_pyspark():
                 frame = self.spark.sql(sql).toPandas()
-        except Exception as error:
-            # Spark's messages may quote row values; report only the error class.
-            raise ExecutionError(
-                f"Spark failed while running the planned query ({type(error).__name__}); "
-                "the charge stands"
-            ) from None
+        except Exception:
+            pass
+        if frame is None:
+            # Spark's messages may quote row values: one message, no exception chain.
+            raise ExecutionError(FAILED_AFTER_CHARGE)
         if progress is not None:
             progress(READING_DATA, 1.0)
         return frame

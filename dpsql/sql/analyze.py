@@ -147,6 +147,7 @@ class _Analyzer:
             dict(self.parsed.options),
             self.having(having.this, outputs) if having is not None else None,
             range_join,
+            dict(self.columns),
         )
 
     # JOIN with a public range table and HAVING --------------------------------------------------
