@@ -195,10 +195,11 @@ def explain(
 
 @cli.command()
 @db_option
+@click.option("--analyst", default=None, help="Only the synopses this analyst may use.")
 @_format
-def synopses(database: str, output_format: str) -> None:
+def synopses(database: str, analyst: str | None, output_format: str) -> None:
     """List stored synopses (released structures that answer point queries for free)."""
-    listed = database_synopses(database)
+    listed = database_synopses(database, analyst)
     if output_format == "json":
         click.echo(json.dumps(listed))
         return
@@ -221,15 +222,23 @@ def budget(database: str, analyst: str | None, output_format: str) -> None:
 
 @cli.group(invoke_without_command=True)
 @click.option("--db", "database", type=click.Path(dir_okay=False), help="DuckDB database file.")
+@click.option(
+    "--analyst",
+    default=None,
+    help="Only this analyst's own entries (what the analyst is shown); without it, every entry "
+    "(the administrator's and auditor's view).",
+)
 @_format
 @click.pass_context
-def ledger(context: click.Context, database: str | None, output_format: str) -> None:
-    """List every ledger entry (verified first); `ledger verify` checks the chain only."""
+def ledger(
+    context: click.Context, database: str | None, analyst: str | None, output_format: str
+) -> None:
+    """List ledger entries (verified first); `ledger verify` checks the chain only."""
     if context.invoked_subcommand is not None:
         return
     if database is None:
         raise click.UsageError("Missing option '--db'.")
-    entries = database_ledger(database)
+    entries = database_ledger(database, analyst)
     if output_format == "json":
         click.echo(json.dumps(entries))
         return

@@ -7,6 +7,7 @@ charge charges nothing; once charged, the charge stands even if the answer is lo
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,7 @@ from dpsql.sql.generate import (
     range_counts,
     ranges_per_group,
 )
-from dpsql.sql.parse import parse
+from dpsql.sql.parse import parse, refusing_deep_recursion
 from dpsql.sql.shape import ColumnKind, QueryShape
 
 __all__ = [
@@ -222,11 +223,18 @@ class Session:
     # planning -----------------------------------------------------------------------------------
     def _shape(self, sql: str) -> tuple[BoundShape, str]:
         parsed = parse(sql, self.dialect)
-        shape = analyze(parsed, self.backend.catalog())
         self.policy = self._load_policy()
-        return self._binder.bind(shape, self.policy), parsed.expression.sql(
-            dialect=self.backend.dialect
-        )
+        with refusing_deep_recursion():
+            shape = analyze(parsed, self._visible_catalog())
+            return self._binder.bind(shape, self.policy), parsed.expression.sql(
+                dialect=self.backend.dialect
+            )
+
+    def _visible_catalog(self) -> dict[str, dict[str, str]]:
+        """The tables an analyst may name: the policy's tables and public tables. Others do not
+        exist for them: their names and column types are not the analyst's to read."""
+        named = {name.lower() for name in (*self.policy.tables, *self.policy.public_tables)}
+        return {t: c for t, c in self.backend.catalog().items() if t.lower() in named}
 
     def _check_one_range_per_group(self, shape: QueryShape) -> None:
         """Refuse a range JOIN whose GROUP BY groups hold several distinct ranges: one row would
@@ -366,10 +374,8 @@ class Session:
             partition=plan.partition,
         )
         answer = None
-        try:
+        with contextlib.suppress(Exception):
             answer = self._answer(plan, entry)
-        except Exception:
-            pass
         if answer is None:
             # Whether, where and why a charged query fails may depend on the rows it read: every
             # failure is the same message, raised outside the handler so no chain carries more.
@@ -520,11 +526,15 @@ class Session:
     def _synopses(self) -> SynopsisStore:
         return SynopsisStore(ledger_path(self.database))
 
+    def _synopsis_owner(self) -> str | None:
+        """Whose synopses answer this analyst: their own, or everyone's if the policy shares."""
+        return None if self.policy.dataset.share_synopses else self.analyst
+
     def synopses(self) -> list[dict[str, Any]]:
-        """Every stored synopsis of this database (parameters only, never the bytes)."""
+        """The stored synopses this analyst may use (parameters only, never the bytes)."""
         store = self._synopses()
         try:
-            return [s.describe() for s in store.all()]
+            return [s.describe() for s in store.all(self._synopsis_owner())]
         finally:
             store.close()
 
@@ -539,7 +549,9 @@ class Session:
         store = self._synopses()
         try:
             for query in readings:
-                found = store.find(shape.table, query.column, query.filters)
+                found = store.find(
+                    shape.table, query.column, query.filters, self._synopsis_owner()
+                )
                 if found is not None:
                     return found, query
         finally:
@@ -600,8 +612,9 @@ class Session:
         return budget_report(self._ledger, self.analyst)
 
     def ledger(self) -> list[dict[str, Any]]:
-        """Every ledger entry, oldest first."""
-        return [entry.to_dict() for entry in self._ledger.entries()]
+        """This analyst's own ledger entries, oldest first (the whole ledger is the
+        administrator's and the auditor's: ``database_ledger``)."""
+        return [e.to_dict() for e in self._ledger.entries() if e.analyst == self.analyst]
 
 
 def budget_report(ledger: Ledger, analyst: str | None = None) -> BudgetReport:
@@ -644,21 +657,29 @@ def database_budget(database: str | Path, analyst: str | None = None) -> BudgetR
         ledger.close()
 
 
-def database_ledger(database: str | Path) -> list[dict[str, Any]]:
-    """Every ledger entry of a database, oldest first (verified on open)."""
+def database_ledger(database: str | Path, analyst: str | None = None) -> list[dict[str, Any]]:
+    """Every ledger entry of a database, oldest first (verified on open); with ``analyst``, only
+    that analyst's own entries (what an analyst is shown)."""
     ledger = _open_ledger(database)
     try:
-        return [entry.to_dict() for entry in ledger.entries()]
+        entries = ledger.entries()
     finally:
         ledger.close()
+    return [e.to_dict() for e in entries if analyst is None or e.analyst == analyst]
 
 
-def database_synopses(database: str | Path) -> list[dict[str, Any]]:
-    """Every stored synopsis of a database (parameters only), without a session."""
-    _open_ledger(database).close()
+def database_synopses(database: str | Path, analyst: str | None = None) -> list[dict[str, Any]]:
+    """Every stored synopsis of a database (parameters only), without a session; with
+    ``analyst``, those that analyst may use under the policy's ``share_synopses``."""
+    ledger = _open_ledger(database)
+    try:
+        document = ledger.policy()
+    finally:
+        ledger.close()
+    shared = document is not None and Policy.model_validate(document).dataset.share_synopses
     store = SynopsisStore(ledger_path(database))
     try:
-        return [s.describe() for s in store.all()]
+        return [s.describe() for s in store.all(None if shared else analyst)]
     finally:
         store.close()
 

@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 import dpsql
-from dpsql.mechanisms.hashing import hash_keys
 from dpsql.engine.session import database_ledger, database_synopses
 from dpsql.errors import UnsupportedQueryError
+from dpsql.mechanisms.hashing import hash_keys
 from tests.conftest import make_database, seeded_connect
 
 POLICY = """
