@@ -20,7 +20,6 @@ Messages name the problem and never contain values read from the data.
 from __future__ import annotations
 
 __all__ = [
-    "FAILED_AFTER_CHARGE",
     "BudgetExceededError",
     "DpsqlError",
     "ExecutionError",

@@ -150,9 +150,11 @@ class DuckDBBackend:
             for source in self.sources:
                 step = f"read the source of table {source.table!r}"
                 connection.execute(
-                    f"CREATE TEMP VIEW {_quoted(source.table)} AS "
-                    f"SELECT * FROM {source.duckdb_scan()}"
+                    f"CREATE TEMP VIEW {_quoted(source.table)} AS {source.duckdb_select()}"
                 )
+            if any(source.format == "csv" for source in self.sources):
+                step = "keep declared CSV types"
+                _keep_try_cast(connection)
             step = "set up progress reporting"
             _track_progress(connection)
             connection.execute("SET lock_configuration = true")
@@ -174,6 +176,39 @@ class DuckDBBackend:
                 raise PolicyError(
                     f"table {source.table!r} has a source in the policy and is also a table of "
                     "the database; rename one of them"
+                )
+
+    def check_sources(self) -> None:
+        """Read every CSV source once, whole; ``PolicyError`` naming the first problem (for the
+        administrator, who may see the files: the message quotes DuckDB's)."""
+        for source in self.sources:
+            if source.format != "csv":
+                continue
+            if source.header:
+                self._check_header(source)
+            try:
+                self._connection.execute(f"SELECT COUNT(*) FROM {_quoted(source.table)}").fetchall()
+            except duckdb.Error as error:
+                first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                raise PolicyError(
+                    f"the CSV source of table {source.table!r} does not parse with its declared "
+                    f"columns and dialect: {type(error).__name__}: {first}"
+                ) from None
+
+    def _check_header(self, source: FileSource) -> None:
+        declared = [name for name, _ in source.columns]
+        for path in source.files:
+            try:
+                found = self._connection.execute(source.duckdb_header(path)).fetchall()
+            except duckdb.Error as error:
+                raise PolicyError(
+                    f"cannot read the header of {str(path)!r}: {type(error).__name__}"
+                ) from None
+            names = [str(v) if v is not None else "" for v in (found[0] if found else ())]
+            if names != declared:
+                raise PolicyError(
+                    f"the header of {str(path)!r} names columns {names}; source_columns of "
+                    f"table {source.table!r} declares {declared}, in this order"
                 )
 
     def register(self, name: str, data: object) -> None:
@@ -250,6 +285,15 @@ def _track_progress(connection: duckdb.DuckDBPyConnection) -> None:
     connection.execute("SET enable_progress_bar = true")
     connection.execute("SET enable_progress_bar_print = false")
     connection.execute("SET progress_bar_time = 0")
+
+
+def _keep_try_cast(connection: duckdb.DuckDBPyConnection) -> None:
+    """Switch off DuckDB's ``type_pushdown`` optimizer where it exists: it pushes the CSV views'
+    ``TRY_CAST`` into the reader as a plain cast, so one unconvertible value would fail every
+    query (seen in DuckDB 2.0) instead of reading as NULL."""
+    rows = connection.execute("SELECT name FROM duckdb_optimizers()").fetchall()
+    if ("type_pushdown",) in rows:
+        connection.execute("SET disabled_optimizers = 'type_pushdown'")
 
 
 def _string(value: str) -> str:

@@ -58,6 +58,7 @@ Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 Epsilon = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Delta = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
 PublicKey = str | int | float | bool
+TypeName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 MEMORY_PATTERN = r"(?i)^\d+(\.\d+)?\s*([KMGT]i?B|B)$"
 """A DuckDB memory size such as ``6GB`` or ``512MiB``."""
 
@@ -179,6 +180,15 @@ class TablePolicy(_Frozen):
     source_format: Literal["parquet", "csv"] | None = Field(
         default=None, description="format of the source files (default: from their extension)"
     )
+    source_columns: tuple[tuple[Name, TypeName], ...] | None = Field(
+        default=None,
+        description='a CSV source\'s columns in file order, [["name", "DUCKDB TYPE"], ...] '
+        "(required for CSV: types are declared, never sniffed from the rows)",
+    )
+    csv_delimiter: Annotated[str, StringConstraints(min_length=1, max_length=1)] = Field(
+        default=",", description="field delimiter of a CSV source"
+    )
+    csv_header: bool = Field(default=True, description="whether a CSV source has a header line")
 
     @model_validator(mode="after")
     def _partition_values_declared(self) -> TablePolicy:

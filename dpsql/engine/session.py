@@ -137,6 +137,7 @@ def set_policy(database: str | Path, policy: Policy | str | Path) -> LedgerEntry
         policy = parse_policy(policy)
     backend = DuckDBBackend.for_policy(database, policy)
     try:
+        backend.check_sources()
         _check_against_schema(policy, backend)
     finally:
         backend.close()
