@@ -19,7 +19,7 @@ from dpsql.accountant.units import Cost
 from dpsql.engine.policy import Policy, PublicKey, TablePolicy
 from dpsql.errors import ParameterError, PolicyError, SchemaError, UnsupportedQueryError
 from dpsql.mechanisms import svt, threshold
-from dpsql.mechanisms.laplace import choose_grid, noise_scale
+from dpsql.mechanisms.laplace import MAX_GRID, choose_grid, noise_scale
 from dpsql.sql.generate import Bounds, Measure, MeasureKind
 from dpsql.sql.shape import AggregateKind, ColumnKind, QueryShape
 
@@ -617,6 +617,12 @@ def plan_query(
                 grid = choose_grid(rows_per_unit * largest, share)
                 # The database rounds values to integers of the grid: keep them within 2**52.
                 grid = max(grid, math.ldexp(1.0, math.frexp(largest / 2.0**52)[1]))
+                if grid > MAX_GRID:
+                    raise PolicyError(
+                        f"bounds [{low:g}, {high:g}] of {draft.column!r} are too wide to release "
+                        f"a sum exactly at epsilon {share:g}: noise would leave the float range; "
+                        "narrow the bounds"
+                    )
                 units = rows_per_unit * max(math.ceil(abs(low) / grid), math.ceil(abs(high) / grid))
             clamp = (low, high, grid if draft.kind is MeasureKind.SUM else 1.0)
         measure = Measure(f"m{index}", draft.kind, draft.column, clamp)
