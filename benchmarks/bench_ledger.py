@@ -5,6 +5,11 @@ Each process opens the ledger and records ``--charges`` charges (check-and-charg
 with the same durability settings, measured in the same run.
 
     python benchmarks/bench_ledger.py --charges 300
+
+It then times a small partitioned charge after ``K`` earlier charges that each touched 3,500
+partition values (an analyst's long ``IN`` list), against the same charge on a fresh ledger: the
+running totals make a charge cost O(values it touches), so the ratio stays near 1 as K grows (it
+grew quadratically before).
 """
 
 from __future__ import annotations
@@ -54,6 +59,26 @@ def run(target, path: str, processes: int, count: int) -> float:
     return processes * count / (time.perf_counter() - start)
 
 
+def _partitioned_charge_seconds(directory: str, history: int, repeats: int = 50) -> float:
+    """Mean seconds of one single-value partitioned charge after ``history`` charges of 3,500
+    values each (in the process that keeps the ledger open, as a server does)."""
+    ledger = Ledger(str(Path(directory) / f"p{history}.sqlite"), dataset="bench")
+    ledger.set_policy({}, Limits(Cost.cap(1e6), {"a": Cost.cap(1e6)}))
+    event = MechanismEvent("discrete_laplace", 0.001, label="COUNT(*)")
+    wide = ("t.p", tuple(str(v) for v in range(3_500)))
+    for _ in range(history):
+        ledger.charge(analyst="a", event=event, query="q", plan={}, mechanism="m", partition=wide)
+    start = time.perf_counter()
+    for i in range(repeats):
+        ledger.charge(
+            analyst="a", event=event, query="q", plan={}, mechanism="m",
+            partition=("t.p", (str(i),)),
+        )
+    elapsed = (time.perf_counter() - start) / repeats
+    ledger.close()
+    return elapsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--charges", type=int, default=300, help="charges per process")
@@ -72,6 +97,12 @@ def main() -> None:
             charges = run(_charges, ledger_file, processes, args.charges)
             inserts = run(_inserts, plain_file, processes, args.charges)
             print(f"{processes:>9} {charges:>10.0f} {inserts:>10.0f} {inserts / charges:>6.2f}x")
+    print(f"\n{'earlier 3,500-value charges':>28} {'ms/charge':>10} {'vs none':>8}")
+    with tempfile.TemporaryDirectory() as directory:
+        baseline = _partitioned_charge_seconds(directory, 0)
+        for history in (0, 10, 100):
+            seconds = _partitioned_charge_seconds(directory, history)
+            print(f"{history:>28} {seconds * 1e3:>10.2f} {seconds / baseline:>7.2f}x")
 
 
 if __name__ == "__main__":

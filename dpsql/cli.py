@@ -159,12 +159,6 @@ def policy_show(database: str) -> None:
 @_max_answers
 @_format
 @progress_option
-@click.option(
-    "--memory-limit",
-    default=None,
-    help="Cap DuckDB's memory, e.g. 6GB; larger work spills to disk [default: DuckDB's, 80% of "
-    "RAM].",
-)
 @click.argument("sql")
 def query(
     database: str,
@@ -176,19 +170,12 @@ def query(
     max_answers: int | None,
     output_format: str,
     show_progress: bool | None,
-    memory_limit: str | None,
     sql: str,
 ) -> None:
     """Answer SQL with differential privacy, charging the analyst's budget first."""
     with (
         progress_display(show_progress) as display,
-        connect(
-            database,
-            analyst=analyst,
-            dialect=dialect,
-            progress=display,
-            memory_limit=memory_limit,
-        ) as session,
+        connect(database, analyst=analyst, dialect=dialect, progress=display) as session,
     ):
         result = session.execute(
             sql, epsilon=epsilon, delta=delta, mechanism=mechanism, max_answers=max_answers
@@ -223,10 +210,11 @@ def explain(
 
 @cli.command()
 @db_option
+@click.option("--analyst", default=None, help="Only the synopses this analyst may use.")
 @_format
-def synopses(database: str, output_format: str) -> None:
+def synopses(database: str, analyst: str | None, output_format: str) -> None:
     """List stored synopses (released structures that answer point queries for free)."""
-    print_synopses(database_synopses(database), output_format)
+    print_synopses(database_synopses(database, analyst), output_format)
 
 
 @cli.command()
@@ -240,15 +228,23 @@ def budget(database: str, analyst: str | None, output_format: str) -> None:
 
 @cli.group(invoke_without_command=True)
 @click.option("--db", "database", type=click.Path(dir_okay=False), help="DuckDB database file.")
+@click.option(
+    "--analyst",
+    default=None,
+    help="Only this analyst's own entries (what the analyst is shown); without it, every entry "
+    "(the administrator's and auditor's view).",
+)
 @_format
 @click.pass_context
-def ledger(context: click.Context, database: str | None, output_format: str) -> None:
-    """List every ledger entry (verified first); `ledger verify` checks the chain only."""
+def ledger(
+    context: click.Context, database: str | None, analyst: str | None, output_format: str
+) -> None:
+    """List ledger entries (verified first); `ledger verify` checks the chain only."""
     if context.invoked_subcommand is not None:
         return
     if database is None:
         raise click.UsageError("Missing option '--db'.")
-    print_ledger(database_ledger(database), output_format)
+    print_ledger(database_ledger(database, analyst), output_format)
 
 
 @ledger.command("verify")

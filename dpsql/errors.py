@@ -112,3 +112,8 @@ class ServiceError(DpsqlError):
 
 class AccessError(ServiceError):
     """The service refuses the token (missing, invalid, revoked) or its role for this request."""
+
+
+FAILED_AFTER_CHARGE = "the query failed after its charge was recorded; the charge stands"
+"""The one message of every failure after a charge, whatever its cause: what failed, and why,
+may depend on the rows read, so neither is told (the exception chain is dropped too)."""

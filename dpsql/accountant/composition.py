@@ -78,16 +78,29 @@ def basic_total(charges: Sequence[Charge]) -> Cost:
     return totals.total()
 
 
-def advanced_total(charges: Sequence[Charge], delta_slack: float) -> Cost:
-    """The advanced-composition bound over every step of every charge, with slack δ′."""
+def advanced_total(charges: Sequence[Charge], delta_slack: float) -> Cost | None:
+    """The advanced-composition bound over every step of every charge, with slack δ′; None when
+    it is beyond any budget (a step of ε ≳ 20 makes ε (e^ε − 1) astronomically large), so only
+    the basic bound can apply."""
     steps = [step for charge in charges for step in charge.leaves]
     if not steps:
         return Cost()
+    if max(e for e, _ in steps) > _LARGEST_STEP:
+        return None
     squares = math.fsum(e * e for e, _ in steps)
     drift = math.fsum(e * math.expm1(e) for e, _ in steps)
     epsilon = math.sqrt(2 * math.log(1 / delta_slack) * squares) + drift
+    if epsilon > _LARGEST_TOTAL:
+        return None
     delta = math.fsum(d for _, d in steps) + delta_slack
     return Cost.of(epsilon * (1 + _MARGIN) + _MARGIN, min(delta * (1 + _MARGIN), 1.0))
+
+
+_LARGEST_STEP = 30.0
+"""Beyond this ε, one step's drift ε (e^ε − 1) exceeds 10^14, more than any cap: no need to
+compute it (and ``expm1`` overflows past ε ≈ 709.8)."""
+_LARGEST_TOTAL = 1e9
+"""The largest ε the accountant represents (as for any budget value)."""
 
 
 def spend(charges: Sequence[Charge], *, advanced_delta: float | None) -> Spend:

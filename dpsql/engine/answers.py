@@ -19,6 +19,7 @@ from dpsql.engine.planner import MECHANISM, QueryPlan, literal_text
 from dpsql.engine.results import QueryResult
 from dpsql.mechanisms import combined, svt, threshold
 from dpsql.mechanisms.combined import CombinedRelease
+from dpsql.mechanisms.hashing import hash_keys, new_seed
 from dpsql.mechanisms.laplace import interval_half_width, release_counts, release_grid_sums
 from dpsql.sql.generate import MeasureKind
 from dpsql.sql.shape import AggregateKind, ColumnKind, GroupKey
@@ -186,7 +187,7 @@ def key_answer(
             **common,
         )
         released = structure.threshold
-    shown = [f"0x{int(k):016x}" if released.key_kind == "hash" else plain(k) for k in released.keys]
+    shown, seed = _shown_keys(released, hashed=spec.hashed, rng=rng)
     lower, upper = released.lower, released.upper
     names = list(plan.shape.column_names)
     by_output = {plan.shape.outputs[0].name: shown, plan.shape.outputs[1].name: released.values}
@@ -207,8 +208,28 @@ def key_answer(
         mechanism=spec.mechanism,
         analyst=analyst,
         ledger_entry=entry.seq,
+        details={} if seed is None else {"key_hash_seed": seed},
     )
     return result, structure
+
+
+def _shown_keys(
+    released: threshold.ThresholdRelease, *, hashed: bool, rng: np.random.Generator
+) -> tuple[list[Any], int | None]:
+    """The released keys as shown, and the public seed of their hashes when shown as hashes.
+
+    A pure release over the hash domain holds hashes already; with ``key_domain = "hash64"`` an
+    approximate release (keys present in the data) is hashed under a fresh seed before it is
+    shown, a post-processing step: the analyst can check a key they know
+    (``dpsql.mechanisms.hashing.hash_keys([key], seed)``) but reads no key they did not.
+    """
+    if released.key_kind == "hash":
+        assert released.seed is not None
+        return [f"0x{int(k):016x}" for k in released.keys], released.seed
+    if not hashed:
+        return [plain(k) for k in released.keys], None
+    seed = new_seed(rng)
+    return [f"0x{int(k):016x}" for k in hash_keys(released.keys, seed)], seed
 
 
 def range_answer(

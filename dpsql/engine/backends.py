@@ -17,10 +17,10 @@ import duckdb
 import pandas as pd
 from sqlglot import exp
 
-from dpsql.engine.policy import Policy
+from dpsql.engine.policy import MEMORY_PATTERN, Policy
 from dpsql.engine.progress import Progress, run_duckdb
 from dpsql.engine.sources import FileSource, allowed_files, policy_sources
-from dpsql.errors import ExecutionError, ParameterError, PolicyError
+from dpsql.errors import FAILED_AFTER_CHARGE, ExecutionError, ParameterError, PolicyError
 
 __all__ = ["DUCKDB_CONFIG", "Backend", "DuckDBBackend"]
 
@@ -83,7 +83,7 @@ class DuckDBBackend:
             raise ParameterError(f"database file {str(self.path)!r} does not exist")
         config = dict(DUCKDB_CONFIG)
         if memory_limit is not None:
-            if not _MEMORY.fullmatch(memory_limit):
+            if not re.fullmatch(MEMORY_PATTERN, memory_limit):
                 raise ParameterError(f"memory_limit must look like '6GB', got {memory_limit!r}")
             # Beyond the limit DuckDB spills to a private temporary directory, removed on close.
             self._spill = tempfile.TemporaryDirectory(prefix="dpsql-spill-")
@@ -100,18 +100,14 @@ class DuckDBBackend:
             self._check_sources_are_new()
 
     @classmethod
-    def for_policy(
-        cls, database: str | Path | None, policy: Policy, *, memory_limit: str | None = None
-    ) -> DuckDBBackend:
-        """The database with the policy's file sources attached. Without a database file (it
-        does not exist, or is ``None``), an in-memory database holds only the sources.
-
-        ``memory_limit`` (e.g. ``"6GB"``) caps DuckDB's memory; larger work spills to disk.
-        """
+    def for_policy(cls, database: str | Path | None, policy: Policy) -> DuckDBBackend:
+        """The database with the policy's file sources attached and its memory limit. Without a
+        database file (it does not exist, or is ``None``), an in-memory database holds only the
+        sources."""
         sources = policy_sources(policy, database)
         if database is None or (sources and not Path(database).is_file()):
             database = None
-        return cls(database, sources=sources, memory_limit=memory_limit)
+        return cls(database, sources=sources, memory_limit=policy.dataset.memory_limit)
 
     @staticmethod
     def _open_file(path: Path, config: dict[str, object]) -> duckdb.DuckDBPyConnection:
@@ -154,9 +150,11 @@ class DuckDBBackend:
             for source in self.sources:
                 step = f"read the source of table {source.table!r}"
                 connection.execute(
-                    f"CREATE TEMP VIEW {_quoted(source.table)} AS "
-                    f"SELECT * FROM {source.duckdb_scan()}"
+                    f"CREATE TEMP VIEW {_quoted(source.table)} AS {source.duckdb_select()}"
                 )
+            if any(source.format == "csv" for source in self.sources):
+                step = "keep declared CSV types"
+                _keep_try_cast(connection)
             step = "set up progress reporting"
             _track_progress(connection)
             connection.execute("SET lock_configuration = true")
@@ -178,6 +176,39 @@ class DuckDBBackend:
                 raise PolicyError(
                     f"table {source.table!r} has a source in the policy and is also a table of "
                     "the database; rename one of them"
+                )
+
+    def check_sources(self) -> None:
+        """Read every CSV source once, whole; ``PolicyError`` naming the first problem (for the
+        administrator, who may see the files: the message quotes DuckDB's)."""
+        for source in self.sources:
+            if source.format != "csv":
+                continue
+            if source.header:
+                self._check_header(source)
+            try:
+                self._connection.execute(f"SELECT COUNT(*) FROM {_quoted(source.table)}").fetchall()
+            except duckdb.Error as error:
+                first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+                raise PolicyError(
+                    f"the CSV source of table {source.table!r} does not parse with its declared "
+                    f"columns and dialect: {type(error).__name__}: {first}"
+                ) from None
+
+    def _check_header(self, source: FileSource) -> None:
+        declared = [name for name, _ in source.columns]
+        for path in source.files:
+            try:
+                found = self._connection.execute(source.duckdb_header(path)).fetchall()
+            except duckdb.Error as error:
+                raise PolicyError(
+                    f"cannot read the header of {str(path)!r}: {type(error).__name__}"
+                ) from None
+            names = [str(v) if v is not None else "" for v in (found[0] if found else ())]
+            if names != declared:
+                raise PolicyError(
+                    f"the header of {str(path)!r} names columns {names}; source_columns of "
+                    f"table {source.table!r} declares {declared}, in this order"
                 )
 
     def register(self, name: str, data: object) -> None:
@@ -223,12 +254,11 @@ class DuckDBBackend:
             if progress is None:
                 return self._connection.execute(sql).df()
             return run_duckdb(self._connection, sql, progress)
-        except duckdb.Error as error:
-            # The message may quote row values; report only the error class.
-            raise ExecutionError(
-                f"the database failed while running the planned query "
-                f"({type(error).__name__}); the charge stands"
-            ) from None
+        except duckdb.Error:
+            pass
+        # Raised outside the handler, so no exception chain carries the database's message (which
+        # may quote row values) or its class (which may depend on them).
+        raise ExecutionError(FAILED_AFTER_CHARGE)
 
     def close(self) -> None:
         self._connection.close()
@@ -239,8 +269,6 @@ class DuckDBBackend:
             self._spill.cleanup()
             self._spill = None
 
-
-_MEMORY = re.compile(r"\d+(\.\d+)?\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)", re.IGNORECASE)
 
 _ATTACHED = "__dpsql_database"
 """Catalog name of the database file inside a backend's private in-memory DuckDB."""
@@ -257,6 +285,15 @@ def _track_progress(connection: duckdb.DuckDBPyConnection) -> None:
     connection.execute("SET enable_progress_bar = true")
     connection.execute("SET enable_progress_bar_print = false")
     connection.execute("SET progress_bar_time = 0")
+
+
+def _keep_try_cast(connection: duckdb.DuckDBPyConnection) -> None:
+    """Switch off DuckDB's ``type_pushdown`` optimizer where it exists: it pushes the CSV views'
+    ``TRY_CAST`` into the reader as a plain cast, so one unconvertible value would fail every
+    query (seen in DuckDB 2.0) instead of reading as NULL."""
+    rows = connection.execute("SELECT name FROM duckdb_optimizers()").fetchall()
+    if ("type_pushdown",) in rows:
+        connection.execute("SET disabled_optimizers = 'type_pushdown'")
 
 
 def _string(value: str) -> str:

@@ -19,7 +19,7 @@ from dpsql.accountant.units import Cost
 from dpsql.engine.policy import Policy, PublicKey, TablePolicy
 from dpsql.errors import ParameterError, PolicyError, SchemaError, UnsupportedQueryError
 from dpsql.mechanisms import svt, threshold
-from dpsql.mechanisms.laplace import choose_grid, noise_scale
+from dpsql.mechanisms.laplace import MAX_GRID, choose_grid, noise_scale
 from dpsql.sql.generate import Bounds, Measure, MeasureKind
 from dpsql.sql.shape import AggregateKind, ColumnKind, QueryShape
 
@@ -60,6 +60,8 @@ class KeyRelease:
     delta: float
     domain: threshold.Domain | None
     expected_keys: int
+    hashed: bool = False
+    """Keys are shown as their 64-bit hashes (``key_domain = "hash64"``), whatever the delta."""
 
 
 @dataclass(frozen=True)
@@ -266,6 +268,7 @@ class QueryPlan:
                     "column": self.key_release.column,
                     "delta": self.key_release.delta,
                     "domain": repr(self.key_release.domain) if self.key_release.domain else None,
+                    "keys_shown_as": "hashes" if self.key_release.hashed else "values",
                 }
             ),
             "epsilon": self.epsilon,
@@ -373,6 +376,15 @@ def _key_release(
         )
     rules = table.column(column)
     kind = shape.columns[column]
+    type_name = shape.types.get(column, "").upper()
+    if kind is not ColumnKind.STRING and type_name not in _KEY_INTEGER_TYPES:
+        # Keys are compared and hashed as 64-bit integers or text: wider or inexact types would
+        # merge distinct keys, and then whether the release works would depend on the data.
+        raise UnsupportedQueryError(
+            f"keys of {column!r} ({shape.types.get(column, kind.value)}) cannot be released: "
+            "GROUP BY without public keys needs a text column or an integer type of at most 64 "
+            "signed bits (TINYINT ... BIGINT, UTINYINT ... UINTEGER)"
+        )
     domain: threshold.Domain | None = None
     if rules.key_domain == "hash64":
         domain = threshold.HashDomain()
@@ -380,15 +392,29 @@ def _key_release(
         if kind is not ColumnKind.INTEGER:
             raise PolicyError(f"an integer key_domain needs an integer column; {column!r} is not")
         domain = threshold.IntegerDomain(*rules.key_domain)
-    elif kind not in (ColumnKind.INTEGER, ColumnKind.STRING):
-        raise UnsupportedQueryError(f"keys of {column!r} must be strings or integers")
     if delta == 0 and domain is None:
         raise UnsupportedQueryError(
             f"GROUP BY {column!r} without public keys needs delta > 0 (thresholding), or a "
             f"declared key_domain in [tables.{shape.table}.columns.{column}] for pure DP"
         )
     chosen = _MECHANISMS.get(mechanism or "") or ("threshold" if delta > 0 else "combined")
-    return KeyRelease(column, chosen, delta, domain if delta == 0 else None, rules.expected_keys)
+    return KeyRelease(
+        column,
+        chosen,
+        delta,
+        domain if delta == 0 else None,
+        rules.expected_keys,
+        hashed=rules.key_domain == "hash64",
+    )
+
+
+_KEY_INTEGER_TYPES = frozenset(
+    {
+        "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER",
+        "INT1", "INT2", "INT4", "INT8", "INT", "LONG", "SHORT",
+    }
+)  # fmt: skip
+"""Integer types whose every value is an exact int64."""
 
 
 def _auto_bounds(
@@ -589,6 +615,14 @@ def plan_query(
                 if largest == 0:
                     raise PolicyError(f"bounds of {draft.column!r} are [0, 0]; nothing to sum")
                 grid = choose_grid(rows_per_unit * largest, share)
+                # The database rounds values to integers of the grid: keep them within 2**52.
+                grid = max(grid, math.ldexp(1.0, math.frexp(largest / 2.0**52)[1]))
+                if grid > MAX_GRID:
+                    raise PolicyError(
+                        f"bounds [{low:g}, {high:g}] of {draft.column!r} are too wide to release "
+                        f"a sum exactly at epsilon {share:g}: noise would leave the float range; "
+                        "narrow the bounds"
+                    )
                 units = rows_per_unit * max(math.ceil(abs(low) / grid), math.ceil(abs(high) / grid))
             clamp = (low, high, grid if draft.kind is MeasureKind.SUM else 1.0)
         measure = Measure(f"m{index}", draft.kind, draft.column, clamp)

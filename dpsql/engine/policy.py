@@ -58,6 +58,9 @@ Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 Epsilon = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Delta = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
 PublicKey = str | int | float | bool
+TypeName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+MEMORY_PATTERN = r"(?i)^\d+(\.\d+)?\s*([KMGT]i?B|B)$"
+"""A DuckDB memory size such as ``6GB`` or ``512MiB``."""
 
 
 class _Frozen(BaseModel):
@@ -94,6 +97,16 @@ class DatasetPolicy(_Frozen):
     )
     advanced_delta: Delta | None = Field(
         default=None, description="delta' of advanced composition (required with 'advanced')"
+    )
+    memory_limit: Annotated[str, StringConstraints(pattern=MEMORY_PATTERN)] | None = Field(
+        default=None,
+        description="cap on DuckDB's memory (e.g. '6GB'); larger work spills to disk. Set by the "
+        "administrator for the whole table, never by an analyst per query",
+    )
+    share_synopses: bool = Field(
+        default=False,
+        description="whether a synopsis one analyst paid for answers every analyst (false: only "
+        "the analyst whose ledger entry paid for it)",
     )
 
     @model_validator(mode="after")
@@ -167,6 +180,15 @@ class TablePolicy(_Frozen):
     source_format: Literal["parquet", "csv"] | None = Field(
         default=None, description="format of the source files (default: from their extension)"
     )
+    source_columns: tuple[tuple[Name, TypeName], ...] | None = Field(
+        default=None,
+        description='a CSV source\'s columns in file order, [["name", "DUCKDB TYPE"], ...] '
+        "(required for CSV: types are declared, never sniffed from the rows)",
+    )
+    csv_delimiter: Annotated[str, StringConstraints(min_length=1, max_length=1)] = Field(
+        default=",", description="field delimiter of a CSV source"
+    )
+    csv_header: bool = Field(default=True, description="whether a CSV source has a header line")
 
     @model_validator(mode="after")
     def _partition_values_declared(self) -> TablePolicy:

@@ -7,6 +7,7 @@ charge charges nothing; once charged, the charge stands even if the answer is lo
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,13 @@ from dpsql.engine.synopses import (
     point_queries,
 )
 from dpsql.engine.synopses import now as synopsis_time
-from dpsql.errors import ParameterError, PolicyError, UnsupportedQueryError
+from dpsql.errors import (
+    FAILED_AFTER_CHARGE,
+    ExecutionError,
+    ParameterError,
+    PolicyError,
+    UnsupportedQueryError,
+)
 from dpsql.mechanisms import svt
 from dpsql.mechanisms.combined import CombinedRelease
 from dpsql.mechanisms.random import session_generator
@@ -56,7 +63,7 @@ from dpsql.sql.generate import (
     range_counts,
     ranges_per_group,
 )
-from dpsql.sql.parse import parse
+from dpsql.sql.parse import parse, refusing_deep_recursion
 from dpsql.sql.shape import ColumnKind, QueryShape
 
 __all__ = [
@@ -130,6 +137,7 @@ def set_policy(database: str | Path, policy: Policy | str | Path) -> LedgerEntry
         policy = parse_policy(policy)
     backend = DuckDBBackend.for_policy(database, policy)
     try:
+        backend.check_sources()
         _check_against_schema(policy, backend)
     finally:
         backend.close()
@@ -157,8 +165,9 @@ class Session:
 
     ``progress`` (see ``dpsql.engine.progress``) is told the stages of ``execute`` after the
     charge: "reading data" (with the backend's estimate when its ``run`` takes ``progress``),
-    then "building <mechanism> release" or "adding noise", then "done". ``memory_limit`` (e.g.
-    ``"6GB"``) caps the default DuckDB backend's memory; beyond it DuckDB spills to disk.
+    then "building <mechanism> release" or "adding noise", then "done". The default DuckDB
+    backend's memory limit is the policy's (``[dataset] memory_limit``), never the caller's: a
+    limit an analyst could choose would let one person's rows decide whether a query fails.
     """
 
     def __init__(
@@ -169,12 +178,9 @@ class Session:
         dialect: str = "duckdb",
         backend: Backend | None = None,
         progress: Progress | None = None,
-        memory_limit: str | None = None,
     ):
         if not isinstance(analyst, str) or not analyst:
             raise ParameterError(f"analyst must be a non-empty name, got {analyst!r}")
-        if backend is not None and memory_limit is not None:
-            raise ParameterError("memory_limit applies to the default DuckDB backend only")
         self.database = Path(database)
         self.analyst = analyst
         self.dialect = dialect
@@ -188,7 +194,7 @@ class Session:
         self.backend = (
             backend
             if backend is not None
-            else DuckDBBackend.for_policy(database, self.policy, memory_limit=memory_limit)
+            else DuckDBBackend.for_policy(database, self.policy)
         )
         if analyst not in self.policy.analysts:
             raise PolicyError(f"analyst {analyst!r} has no allocation in the policy")
@@ -218,11 +224,18 @@ class Session:
     # planning -----------------------------------------------------------------------------------
     def _shape(self, sql: str) -> tuple[BoundShape, str]:
         parsed = parse(sql, self.dialect)
-        shape = analyze(parsed, self.backend.catalog())
         self.policy = self._load_policy()
-        return self._binder.bind(shape, self.policy), parsed.expression.sql(
-            dialect=self.backend.dialect
-        )
+        with refusing_deep_recursion():
+            shape = analyze(parsed, self._visible_catalog())
+            return self._binder.bind(shape, self.policy), parsed.expression.sql(
+                dialect=self.backend.dialect
+            )
+
+    def _visible_catalog(self) -> dict[str, dict[str, str]]:
+        """The tables an analyst may name: the policy's tables and public tables. Others do not
+        exist for them: their names and column types are not the analyst's to read."""
+        named = {name.lower() for name in (*self.policy.tables, *self.policy.public_tables)}
+        return {t: c for t, c in self.backend.catalog().items() if t.lower() in named}
 
     def _check_one_range_per_group(self, shape: QueryShape) -> None:
         """Refuse a range JOIN whose GROUP BY groups hold several distinct ranges: one row would
@@ -361,6 +374,17 @@ class Session:
             mechanism=plan.mechanism,
             partition=plan.partition,
         )
+        answer = None
+        with contextlib.suppress(Exception):
+            answer = self._answer(plan, entry)
+        if answer is None:
+            # Whether, where and why a charged query fails may depend on the rows it read: every
+            # failure is the same message, raised outside the handler so no chain carries more.
+            raise ExecutionError(FAILED_AFTER_CHARGE)
+        return answer
+
+    def _answer(self, plan: QueryPlan, entry: LedgerEntry) -> QueryResult:
+        """Read the charged plan's aggregates and release them."""
         progress = self.progress if self.progress is not None else no_progress
         if plan.range_queries is not None:
             groups = self._read(public_groups(plan.shape, self.backend.dialect), "reading groups")
@@ -503,11 +527,15 @@ class Session:
     def _synopses(self) -> SynopsisStore:
         return SynopsisStore(ledger_path(self.database))
 
+    def _synopsis_owner(self) -> str | None:
+        """Whose synopses answer this analyst: their own, or everyone's if the policy shares."""
+        return None if self.policy.dataset.share_synopses else self.analyst
+
     def synopses(self) -> list[dict[str, Any]]:
-        """Every stored synopsis of this database (parameters only, never the bytes)."""
+        """The stored synopses this analyst may use (parameters only, never the bytes)."""
         store = self._synopses()
         try:
-            return [s.describe() for s in store.all()]
+            return [s.describe() for s in store.all(self._synopsis_owner())]
         finally:
             store.close()
 
@@ -522,7 +550,9 @@ class Session:
         store = self._synopses()
         try:
             for query in readings:
-                found = store.find(shape.table, query.column, query.filters)
+                found = store.find(
+                    shape.table, query.column, query.filters, self._synopsis_owner()
+                )
                 if found is not None:
                     return found, query
         finally:
@@ -583,8 +613,9 @@ class Session:
         return budget_report(self._ledger, self.analyst)
 
     def ledger(self) -> list[dict[str, Any]]:
-        """Every ledger entry, oldest first."""
-        return [entry.to_dict() for entry in self._ledger.entries()]
+        """This analyst's own ledger entries, oldest first (the whole ledger is the
+        administrator's and the auditor's: ``database_ledger``)."""
+        return [e.to_dict() for e in self._ledger.entries() if e.analyst == self.analyst]
 
 
 def budget_report(ledger: Ledger, analyst: str | None = None) -> BudgetReport:
@@ -627,21 +658,29 @@ def database_budget(database: str | Path, analyst: str | None = None) -> BudgetR
         ledger.close()
 
 
-def database_ledger(database: str | Path) -> list[dict[str, Any]]:
-    """Every ledger entry of a database, oldest first (verified on open)."""
+def database_ledger(database: str | Path, analyst: str | None = None) -> list[dict[str, Any]]:
+    """Every ledger entry of a database, oldest first (verified on open); with ``analyst``, only
+    that analyst's own entries (what an analyst is shown)."""
     ledger = _open_ledger(database)
     try:
-        return [entry.to_dict() for entry in ledger.entries()]
+        entries = ledger.entries()
     finally:
         ledger.close()
+    return [e.to_dict() for e in entries if analyst is None or e.analyst == analyst]
 
 
-def database_synopses(database: str | Path) -> list[dict[str, Any]]:
-    """Every stored synopsis of a database (parameters only), without a session."""
-    _open_ledger(database).close()
+def database_synopses(database: str | Path, analyst: str | None = None) -> list[dict[str, Any]]:
+    """Every stored synopsis of a database (parameters only), without a session; with
+    ``analyst``, those that analyst may use under the policy's ``share_synopses``."""
+    ledger = _open_ledger(database)
+    try:
+        document = ledger.policy()
+    finally:
+        ledger.close()
+    shared = document is not None and Policy.model_validate(document).dataset.share_synopses
     store = SynopsisStore(ledger_path(database))
     try:
-        return [s.describe() for s in store.all()]
+        return [s.describe() for s in store.all(None if shared else analyst)]
     finally:
         store.close()
 
@@ -652,19 +691,13 @@ def connect(
     analyst: str,
     dialect: str = "duckdb",
     progress: Progress | None = None,
-    memory_limit: str | None = None,
 ) -> Session:
     """Open a session on a DuckDB database file whose policy has been set.
 
     ``dialect`` is the SQL dialect the analyst writes in (any sqlglot dialect); noise always comes
     from the secure generator (no caller can choose it); ``progress`` is told the
-    stages of each ``execute`` (``dpsql.engine.progress``); ``memory_limit`` (e.g. ``"6GB"``)
-    caps DuckDB's memory, larger work spilling to a temporary directory.
+    stages of each ``execute`` (``dpsql.engine.progress``). Nothing an analyst passes here
+    changes what is private: the generator, memory limit and backend are the engine's and the
+    policy's.
     """
-    return Session(
-        database,
-        analyst=analyst,
-        dialect=dialect,
-        progress=progress,
-        memory_limit=memory_limit,
-    )
+    return Session(database, analyst=analyst, dialect=dialect, progress=progress)

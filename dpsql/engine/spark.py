@@ -38,11 +38,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pandas as pd
+from sqlglot import exp
 
 from dpsql.engine.policy import Policy
 from dpsql.engine.progress import READING_DATA, Progress
 from dpsql.engine.sources import FileSource, file_source, policy_sources
-from dpsql.errors import ExecutionError, ParameterError
+from dpsql.errors import FAILED_AFTER_CHARGE, ExecutionError, ParameterError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -183,8 +184,23 @@ class SparkBackend:
             paths = [str(p) for p in data.files]
             if data.format == "parquet":
                 return self.spark.read.parquet(*paths)
-            separator = "\t" if all(p.lower().endswith((".tsv", ".tsv.gz")) for p in paths) else ","
-            return self.spark.read.csv(paths, header=True, inferSchema=True, sep=separator)
+            if not data.columns:
+                raise ParameterError(
+                    f"the CSV source of table {name!r} needs declared columns (FileSource.columns)"
+                )
+            quoted = {column: "`" + column.replace("`", "``") + "`" for column, _ in data.columns}
+            text = ", ".join(f"{quoted[column]} STRING" for column, _ in data.columns)
+            frame = self.spark.read.csv(
+                paths, header=data.header, schema=text, sep=data.delimiter, quote='"', escape='"'
+            )
+            return frame.selectExpr(
+                *(
+                    f"try_cast({quoted[column]} AS "
+                    f"{exp.DataType.build(type_name, dialect='duckdb').sql(dialect='spark')}) "
+                    f"AS {quoted[column]}"
+                    for column, type_name in data.columns
+                )
+            )
         raise ParameterError(
             f"cannot register {type(data).__name__} as table {name!r}: pass a Spark or pandas "
             "DataFrame, a FileSource, or a Parquet/CSV path"
@@ -204,15 +220,15 @@ class SparkBackend:
         whole SQL query)."""
         if progress is not None:
             progress(READING_DATA, None)
+        frame = None
         try:
             with _quiet_pyspark():
                 frame = self.spark.sql(sql).toPandas()
-        except Exception as error:
-            # Spark's messages may quote row values; report only the error class.
-            raise ExecutionError(
-                f"Spark failed while running the planned query ({type(error).__name__}); "
-                "the charge stands"
-            ) from None
+        except Exception:
+            pass
+        if frame is None:
+            # Spark's messages may quote row values: one message, no exception chain.
+            raise ExecutionError(FAILED_AFTER_CHARGE)
         if progress is not None:
             progress(READING_DATA, 1.0)
         return frame

@@ -106,18 +106,28 @@ class SynopsisStore:
             ),
         )
 
-    def all(self) -> list[Synopsis]:
-        rows = self._connection.execute("SELECT * FROM synopses ORDER BY created, name")
+    def all(self, owner: str | None = None) -> list[Synopsis]:
+        """Every synopsis, or only those paid for by analyst ``owner``."""
+        rows = self._connection.execute(
+            f"SELECT * FROM synopses WHERE {_OWNED} ORDER BY created, name", (owner, owner)
+        )
         return [_synopsis(row) for row in rows.fetchall()]
 
-    def find(self, table: str, column: str, filters: tuple[str, ...]) -> Synopsis | None:
-        """The newest synopsis built for exactly this table, key column and filters."""
+    def find(
+        self, table: str, column: str, filters: tuple[str, ...], owner: str | None = None
+    ) -> Synopsis | None:
+        """The newest synopsis built for exactly this table, key column and filters (and paid
+        for by analyst ``owner``, when given)."""
         row = self._connection.execute(
             "SELECT * FROM synopses WHERE lower(source_table) = lower(?) AND key_column = ? "
-            "AND filters = ? ORDER BY created DESC, ledger_entry DESC LIMIT 1",
-            (table, column, json.dumps(list(filters))),
+            f"AND filters = ? AND {_OWNED} ORDER BY created DESC, ledger_entry DESC LIMIT 1",
+            (table, column, json.dumps(list(filters)), owner, owner),
         ).fetchone()
         return None if row is None else _synopsis(row)
+
+
+_OWNED = "(? IS NULL OR ledger_entry IN (SELECT seq FROM entries WHERE analyst = ?))"
+"""Who paid for a synopsis is the analyst of the ledger entry that charged it (same file)."""
 
 
 def _synopsis(row: tuple[Any, ...]) -> Synopsis:

@@ -48,6 +48,7 @@ from dpsql.errors import ParameterError
 from dpsql.mechanisms.random import resolve_rng
 
 __all__ = [
+    "MAX_GRID",
     "MAX_SCALE",
     "NoisyRelease",
     "choose_grid",
@@ -248,6 +249,10 @@ def interval_half_width(scale: Fraction, confidence: float = 0.95) -> int:
     return max(0, math.ceil(bound * (1.0 + 1e-12)) - 1)
 
 
+MAX_GRID = 2.0**970
+"""The coarsest grid of a released sum: noisy values times the grid stay finite floats."""
+
+
 def choose_grid(sensitivity: float, epsilon: float) -> float:
     """A power of two ``g`` with ``sensitivity / (g * epsilon)`` in ``[2**10, 2**11)``.
 
@@ -391,7 +396,7 @@ def release_grid_sums(
     epsilon_value = float(_positive_finite("epsilon", epsilon))
     sensitivity_units = _positive_int("sensitivity_units", sensitivity_units)
     grid_value = float(_positive_finite("grid", grid))
-    if math.frexp(grid_value)[0] != 0.5 or grid_value > 2.0**970:
+    if math.frexp(grid_value)[0] != 0.5 or grid_value > MAX_GRID:
         raise ParameterError(f"grid must be a power of two at most 2**970, got {grid!r}")
     confidence = _confidence(confidence)
     exact = _integer_array("grid_sums", grid_sums)

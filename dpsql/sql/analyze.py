@@ -18,7 +18,7 @@ from decimal import Decimal, InvalidOperation
 
 from sqlglot import exp
 
-from dpsql.errors import SchemaError, UnsupportedQueryError
+from dpsql.errors import SchemaError, SqlSyntaxError, UnsupportedQueryError
 from dpsql.sql.parse import ParsedQuery
 from dpsql.sql.shape import (
     Aggregate,
@@ -98,11 +98,27 @@ class _Analyzer:
         self.public_columns: dict[str, str] = {}
         self.position: tuple[int | None, int | None] = (None, None)
 
+    def check_alias(self, alias: exp.Expression | None) -> None:
+        """Refuse an unquoted alias that is a reserved word: ``FROM t GROUP`` is a GROUP BY
+        missing its BY, not a table named t aliased "GROUP"."""
+        identifier = alias.this if isinstance(alias, exp.TableAlias) else alias
+        if not isinstance(identifier, exp.Identifier):
+            return
+        if not identifier.quoted and identifier.name.upper() in RESERVED_WORDS:
+            word = identifier.name.upper()
+            example = f" (e.g. {word} BY ...)" if word in ("GROUP", "ORDER") else ""
+            self.reject(
+                alias,
+                f"{identifier.name!r} is a reserved word, read here as an alias; complete the "
+                f"clause{example} or quote the alias",
+                SqlSyntaxError,
+            )
+
     def reject(
         self,
         node: exp.Expression,
         message: str,
-        error: type[UnsupportedQueryError | SchemaError] = UnsupportedQueryError,
+        error: type[UnsupportedQueryError | SchemaError | SqlSyntaxError] = UnsupportedQueryError,
     ) -> None:
         line, column = self.parsed.position(node)
         raise error(message, line=line, column=column)
@@ -147,6 +163,7 @@ class _Analyzer:
             dict(self.parsed.options),
             self.having(having.this, outputs) if having is not None else None,
             range_join,
+            dict(self.columns),
         )
 
     # JOIN with a public range table and HAVING --------------------------------------------------
@@ -165,9 +182,10 @@ class _Analyzer:
         table = join.this
         if not isinstance(table, exp.Table) or not isinstance(table.this, exp.Identifier):
             self.reject(join, "JOIN must name one public table")
+        self.check_alias(table.args.get("alias"))
         matches = [name for name in self.catalog if name.lower() == table.name.lower()]
         if not matches:
-            self.reject(table, f"unknown table {table.name!r}", SchemaError)
+            self.reject(table, _unknown_table(table.name), SchemaError)
         if matches[0] == self.table:
             self.reject(table, "a table cannot be joined with itself")
         self.public_table = matches[0]
@@ -252,12 +270,13 @@ class _Analyzer:
         alias = table.args.get("alias")
         if alias is not None and alias.args.get("columns"):
             self.reject(alias, "column aliases in FROM are not supported")
+        self.check_alias(alias)
         if table.args.get("db") or table.args.get("catalog"):
             self.reject(table, "qualified table names are not supported; name the table alone")
         wanted = table.name
         matches = [name for name in self.catalog if name.lower() == wanted.lower()]
         if not matches:
-            self.reject(table, f"unknown table {wanted!r}", SchemaError)
+            self.reject(table, _unknown_table(wanted), SchemaError)
         self.table = matches[0]
         self.columns = dict(self.catalog[self.table])
         self.aliases = {self.table.lower(), wanted.lower()}
@@ -449,6 +468,7 @@ class _Analyzer:
     def output(self, node: exp.Expression, group_by: tuple[str, ...]) -> Aggregate | GroupKey:
         alias = None
         if isinstance(node, exp.Alias):
+            self.check_alias(node.args.get("alias"))
             alias, node = node.alias, node.this
         if isinstance(node, exp.Column):
             name = self.public_column(node) if self.public_table else self.column(node)
@@ -497,3 +517,28 @@ class _Analyzer:
 def analyze(parsed: ParsedQuery, catalog: Mapping[str, Mapping[str, str]]) -> QueryShape:
     """Validate ``parsed`` against the allow-list and the catalog (table -> column -> type)."""
     return _Analyzer(parsed, catalog).shape()
+
+
+def _unknown_table(name: str) -> str:
+    """The same words whether the table is missing or outside the policy: which tables exist
+    beyond the policy is not the analyst's to learn."""
+    return (
+        f"unknown table {name!r}: a query may name the policy's tables and public tables only"
+    )
+
+
+RESERVED_WORDS = frozenset(
+    {
+        "ALL", "ANALYSE", "ANALYZE", "AND", "ANY", "ARRAY", "AS", "ASC", "ASYMMETRIC", "BOTH",
+        "CASE", "CAST", "CHECK", "COLLATE", "COLUMN", "CONSTRAINT", "CREATE", "DEFAULT",
+        "DEFERRABLE", "DESC", "DESCRIBE", "DISTINCT", "DO", "ELSE", "END", "EXCEPT", "FALSE",
+        "FETCH", "FOR", "FOREIGN", "FROM", "GROUP", "HAVING", "IN", "INITIALLY", "INTERSECT",
+        "INTO", "LAMBDA", "LATERAL", "LEADING", "LIMIT", "NOT", "NULL", "OFFSET", "ON", "ONLY",
+        "OR", "ORDER", "PIVOT", "PIVOT_LONGER", "PIVOT_WIDER", "PLACING", "PRIMARY", "QUALIFY",
+        "REFERENCES", "RETURNING", "SELECT", "SHOW", "SOME", "SUMMARIZE", "SYMMETRIC", "TABLE",
+        "THEN", "TO", "TRAILING", "TRUE", "UNION", "UNIQUE", "UNPIVOT", "USING", "VARIADIC",
+        "WHEN", "WHERE", "WINDOW", "WITH",
+    }
+)
+"""DuckDB's reserved keywords (``duckdb_keywords()``, category 'reserved'), which no unquoted
+alias may be."""

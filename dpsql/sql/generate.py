@@ -102,7 +102,11 @@ def _value(measure: Measure) -> str:
         return column
     low, high, grid = measure.clamp
     as_double = f"CAST({column} AS DOUBLE)"
+    if measure.kind is MeasureKind.COUNT:
+        # Counted, never cast: a value too large for an integer type must not fail the query.
+        return f"CASE WHEN {column} IS NULL OR ISNAN({as_double}) THEN NULL ELSE 1 END"
     clamped = f"LEAST(GREATEST({as_double}, {_number(low)}), {_number(high)})"
+    # The planner keeps |bounds| / grid <= 2**52, so the rounded value always fits a BIGINT.
     return (
         f"CASE WHEN {column} IS NULL OR ISNAN({as_double}) THEN NULL "
         f"ELSE CAST(ROUND({clamped} / {_number(grid)}) AS BIGINT) END"
@@ -269,7 +273,10 @@ def bounded_aggregate(
         # Multiply before dividing: a cell that keeps all its rows is reproduced exactly.
         # COUNT(*) is the rows' worth kept itself.
         scaled = f"{cells_of[i]} * {kept} / __rows" if i in cells_of else kept
-        total = f"SUM(CAST(TRUNC({scaled}) AS BIGINT))"
+        # A cell is clamped to +-2**53 before the cast, so no data overflows a BIGINT; clamping
+        # only shrinks what a unit adds, so the sensitivity holds.
+        cell = f"LEAST(GREATEST(TRUNC({scaled}), -{_EXACT}.0), {_EXACT}.0)"
+        total = f"SUM(CAST({cell} AS BIGINT))"
         aggregates.append(
             f"CAST(LEAST(GREATEST(COALESCE({total}, 0), -{_EXACT}), {_EXACT}) AS BIGINT) "
             f"AS {_identifier(measure.name)}"

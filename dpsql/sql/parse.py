@@ -15,7 +15,8 @@ offset, so errors point at the line and column of the user's original text.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -200,6 +201,15 @@ def parse(sql: str, dialect: str = "duckdb") -> ParsedQuery:
     if not isinstance(sql, str) or not sql.strip():
         raise SqlSyntaxError("the query is empty")
     try:
+        sql.encode("utf-8")
+    except UnicodeEncodeError as error:
+        line, column = _line_column(sql, error.start)
+        raise SqlSyntaxError(
+            "the query is not valid Unicode text (a lone surrogate code point)",
+            line=line,
+            column=column,
+        ) from None
+    try:
         dialect_class = Dialect.get_or_raise(dialect)
     except ValueError:
         raise ParameterError(f"unknown SQL dialect {dialect!r}") from None
@@ -218,8 +228,10 @@ def parse(sql: str, dialect: str = "duckdb") -> ParsedQuery:
             column=column,
         ) from None
     text, options = _lift_dp_clause(sql, tokens)
+    _check_nesting(sql, tokens)
     try:
-        statements = sqlglot.parse(text, read=dialect)
+        with refusing_deep_recursion():
+            statements = sqlglot.parse(text, read=dialect)
     except ParseError as error:
         detail = error.errors[0] if error.errors else {}
         description = str(detail.get("description", error)).split(". Line")[0]
@@ -237,4 +249,66 @@ def parse(sql: str, dialect: str = "duckdb") -> ParsedQuery:
     statements = [s for s in statements if s is not None]
     if len(statements) != 1:
         raise UnsupportedQueryError(f"expected exactly one statement, got {len(statements)}")
+    if _depth(statements[0]) > MAX_DEPTH:
+        raise UnsupportedQueryError(_TOO_DEEP)
     return ParsedQuery(sql, dialect, statements[0], options, tuple(tokens))
+
+
+MAX_NESTING = 24
+"""The deepest nesting of parentheses and NOTs dpsql parses: sqlglot's parser spends about twenty
+Python frames on each level, so this stays well inside Python's recursion limit."""
+
+MAX_DEPTH = 400
+"""The deepest syntax tree dpsql accepts (a chain of n ORs is n deep: use IN for long lists).
+Every later stage walks the tree recursively; this keeps them far from the recursion limit."""
+
+_TOO_DEEP = (
+    f"the query is nested too deeply (more than {MAX_NESTING} levels of parentheses and NOT, "
+    f"or {MAX_DEPTH} AND/OR terms in a chain); use IN (...) for long lists of values"
+)
+
+
+@contextmanager
+def refusing_deep_recursion() -> Iterator[None]:
+    """Turn running out of recursion (directly, or wrapped by sqlglot in another error) into the
+    one precise refusal: a backstop behind the nesting limits, for shapes they do not count."""
+    try:
+        yield
+    except Exception as error:
+        cause: BaseException | None = error
+        while cause is not None and not isinstance(cause, RecursionError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        too_deep = True
+    else:
+        too_deep = False
+    if too_deep:
+        raise UnsupportedQueryError(_TOO_DEEP)
+
+
+def _check_nesting(sql: str, tokens: list[Token]) -> None:
+    """Refuse parentheses and NOTs nested beyond ``MAX_NESTING`` before the recursive parser.
+
+    A NOT opens a level that lasts until the parenthesis around it closes."""
+    levels = [0]
+    for token in tokens:
+        if token.token_type == TokenType.L_PAREN:
+            levels.append(levels[-1] + 1)
+        elif token.token_type == TokenType.R_PAREN and len(levels) > 1:
+            levels.pop()
+        elif token.token_type == TokenType.NOT:
+            levels[-1] += 1
+        if levels[-1] > MAX_NESTING:
+            line, column = _line_column(sql, token.start)
+            raise UnsupportedQueryError(_TOO_DEEP, line=line, column=column)
+
+
+def _depth(root: exp.Expression) -> int:
+    """Height of the syntax tree, walked without recursion."""
+    deepest, stack = 0, [(root, 1)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in node.iter_expressions())
+    return deepest

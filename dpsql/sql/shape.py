@@ -7,7 +7,7 @@ policy. Column names in a shape are the database's own spelling.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
@@ -140,6 +140,8 @@ class QueryShape:
     options: dict[str, Any]
     having: Having | None = None
     range_join: RangeJoin | None = None
+    types: dict[str, str] = field(default_factory=dict)
+    """The database's type name of each column of ``table``."""
 
     @property
     def aggregates(self) -> tuple[Aggregate, ...]:

@@ -11,7 +11,14 @@ import dpsql
 from dpsql.accountant.partitions import Charge, Totals
 from dpsql.accountant.units import Cost
 from dpsql.engine.session import database_budget, set_policy
-from dpsql.errors import BudgetExceededError, PolicyError, QueryError, UnsupportedQueryError
+from dpsql.errors import (
+    FAILED_AFTER_CHARGE,
+    BudgetExceededError,
+    ExecutionError,
+    PolicyError,
+    QueryError,
+    UnsupportedQueryError,
+)
 from dpsql.sql.analyze import analyze
 from dpsql.sql.generate import clipping_profile
 from dpsql.sql.parse import parse
@@ -241,3 +248,170 @@ def test_the_analyst_cannot_choose_the_generator(days: Path) -> None:
             assert type(db.rng.bit_generator).__name__ == "ChaCha"
             states.append(str(db.rng.bit_generator.state))
     assert states[0] != states[1]
+
+
+# --- items 9 to 13 --------------------------------------------------------------------------
+
+
+def _after_charge_fails(db: dpsql.Session, sql: str, **options: object) -> ExecutionError:
+    before = len(db.ledger())
+    with pytest.raises(ExecutionError) as caught:
+        db.execute(sql, **options)  # type: ignore[arg-type]
+    assert len(db.ledger()) == before + 1  # charged, then failed
+    return caught.value
+
+
+def test_failures_after_the_charge_are_one_message_whatever_the_cause(days: Path) -> None:
+    """Item 10: the printed exception class (and its message) differed with the data."""
+    causes = [
+        duckdb.OutOfMemoryException("could not allocate for uid 42 = 4242"),
+        duckdb.ConversionException("value 4242 out of range"),
+        OverflowError("4242"),
+        ValueError("keys must be distinct"),
+    ]
+    with dpsql.connect(days, analyst="a") as db:
+        for cause in causes:
+
+            def fail(*args: object, error: BaseException = cause, **kwargs: object) -> None:
+                raise error
+
+            db.backend.run = fail  # type: ignore[method-assign]
+            error = _after_charge_fails(db, "SELECT COUNT(*) FROM t", epsilon=0.01)
+            assert str(error) == FAILED_AFTER_CHARGE
+            assert error.__context__ is None and error.__cause__ is None
+
+
+def test_large_bounds_and_values_never_overflow_after_the_charge(tmp_path: Path) -> None:
+    """Item 10: AVG with bounds [0, 1e20] failed only when a value >= 1e19 existed; a SUM at a
+    large epsilon overflowed a BIGINT for large values."""
+    policy = _CAP.replace('partition_column = "day"\n', "").replace(
+        "bounds = [0, 1000000]", "bounds = [0, 1e20]"
+    ).replace("epsilon = 1.0", "epsilon = 1000000.0")
+    for big in (False, True):
+        value = 5e19 if big else 1.0
+        path = _database(
+            tmp_path / f"b{big}.duckdb", "CREATE TABLE t (uid BIGINT, salary DOUBLE)",
+            f"(1, {value}), (2, 3.0), (3, 1e20)", policy,
+        )
+        with dpsql.connect(path, analyst="a") as db:
+            assert db.execute("SELECT AVG(salary) FROM t", epsilon=1.0).rows
+            assert db.execute("SELECT SUM(salary) FROM t", epsilon=1e5).rows
+
+
+@pytest.mark.parametrize(
+    ("column_type", "domain"),
+    [("HUGEINT", None), ("UBIGINT", None), ("UHUGEINT", None), ("DOUBLE", '"hash64"'),
+     ("HUGEINT", '"hash64"'), ("DECIMAL(20,0)", None)],
+)
+def test_keys_that_cannot_be_released_exactly_are_refused_before_the_charge(
+    tmp_path: Path, column_type: str, domain: str | None
+) -> None:
+    """Item 10: HUGEINT keys, or DOUBLE keys with key_domain = "hash64", gave "keys must be
+    distinct" after the charge, for some data only."""
+    policy = _CAP.replace('partition_column = "day"\n', "")
+    if domain is not None:
+        policy += f"[tables.t.columns.k]\nkey_domain = {domain}\n"
+    path = _database(
+        tmp_path / "k.duckdb", f"CREATE TABLE t (uid BIGINT, k {column_type}, salary DOUBLE)",
+        "(1, 1, 1.0), (2, 2, 2.0)", policy,
+    )
+    with dpsql.connect(path, analyst="a") as db:
+        with pytest.raises(UnsupportedQueryError, match="cannot be released"):
+            db.execute("SELECT k, COUNT(*) FROM t GROUP BY k", epsilon=0.5, delta=1e-7)
+        assert db.ledger() == []
+
+
+def test_csv_sources_have_declared_types_not_sniffed_ones(tmp_path: Path) -> None:
+    """Item 11: one person's 'n/a' turned age into a string, which explain revealed for free."""
+    policy = """
+[dataset]
+epsilon = 100000.0
+[analysts.a]
+epsilon = 100000.0
+[tables.t]
+privacy_unit = "uid"
+source = "t.csv"
+source_columns = [["uid", "BIGINT"], ["age", "INTEGER"]]
+[tables.t.columns.age]
+bounds = [0, 100]
+"""
+    lines = ["uid,age"] + [f"{u},{20 + u % 50}" for u in range(200)]
+    database = tmp_path / "none.duckdb"
+    answers = []
+    for last in ("7777,30", "7777,n/a"):
+        (tmp_path / "t.csv").write_text("\n".join([*lines, last]))
+        set_policy(database, policy)
+        with dpsql.connect(database, analyst="a") as db:
+            assert db.backend.catalog()["t"] == {"uid": "BIGINT", "age": "INTEGER"}
+            answers.append(db.execute("SELECT COUNT(*) FROM t", epsilon=1000.0).rows)
+            db.execute("SELECT SUM(age) FROM t", epsilon=1000.0)
+    assert answers == [[(201,)], [(201,)]]  # 'n/a' reads as NULL: the row is still counted
+    with pytest.raises(PolicyError, match="needs its columns declared"):
+        set_policy(database, policy.replace('source_columns = [["uid", "BIGINT"], ["age", '
+                                            '"INTEGER"]]\n', ""))
+    with pytest.raises(PolicyError, match=r"names columns \['uid', 'age'\]; source_columns"):
+        set_policy(database, policy.replace('[["uid", "BIGINT"], ["age", "INTEGER"]]',
+                                            '[["age", "INTEGER"], ["uid", "BIGINT"]]'))
+    (tmp_path / "t.csv").write_text("\n".join([*lines, "1,2,3"]))
+    with pytest.raises(PolicyError, match="does not parse with its declared columns"):
+        set_policy(database, policy)
+
+
+def test_synopses_answer_only_the_analyst_who_paid_unless_shared(demo_db: Path) -> None:
+    """Item 13: a synopsis paid by one analyst answered every other analyst for free."""
+    from dpsql.engine.demo import DEMO_POLICY
+
+    build = "SELECT url, COUNT(*) FROM requests GROUP BY url"
+    point = "SELECT COUNT(*) FROM requests WHERE url = '/home'"
+    with dpsql.connect(demo_db, analyst="alice") as alice:
+        alice.execute(build, epsilon=1.0, delta=1e-8, mechanism="alp")
+        assert alice.execute(point).epsilon == 0.0
+        assert len(alice.synopses()) == 1
+    with dpsql.connect(demo_db, analyst="bob") as bob:
+        assert bob.synopses() == []
+        assert bob.execute(point, epsilon=0.1).epsilon == 0.1  # fresh noise, charged
+    set_policy(demo_db, DEMO_POLICY.replace("[dataset]\n", "[dataset]\nshare_synopses = true\n"))
+    with dpsql.connect(demo_db, analyst="bob") as bob:
+        assert len(bob.synopses()) == 1 and bob.execute(point).epsilon == 0.0
+
+
+def test_an_analyst_sees_their_own_ledger_entries_only(demo_db: Path, capsys) -> None:
+    """Item 13: `dpsql ledger` showed every analyst the full text of every other's queries."""
+    from dpsql.cli import main
+
+    with dpsql.connect(demo_db, analyst="alice") as alice:
+        alice.execute("SELECT COUNT(*) FROM requests WHERE age = 33", epsilon=0.1)
+    with dpsql.connect(demo_db, analyst="bob") as bob:
+        bob.execute("SELECT COUNT(*) FROM requests", epsilon=0.1)
+        assert [e["analyst"] for e in bob.ledger()] == ["bob"]
+    assert main(["ledger", "--db", str(demo_db), "--analyst", "bob", "--format", "json"]) == 0
+    shown = capsys.readouterr().out
+    assert "age" not in shown and '"bob"' in shown
+
+
+def test_tables_outside_the_policy_do_not_exist_for_the_analyst(days: Path) -> None:
+    """Item 13: explain revealed the names and types of tables outside the policy."""
+    connection = duckdb.connect(str(days))
+    connection.execute("CREATE TABLE payroll (uid BIGINT, secret VARCHAR)")
+    connection.close()
+    messages = []
+    with dpsql.connect(days, analyst="a") as db:
+        for table in ("payroll", "nosuch"):
+            for call in (db.explain, db.execute):
+                with pytest.raises(QueryError) as caught:
+                    call(f"SELECT COUNT(*) FROM {table} WHERE secret = 'x'", epsilon=0.1)
+                messages.append(str(caught.value).replace(table, "T"))
+    assert len(set(messages)) == 1 and "unknown table" in messages[0]
+
+
+def test_huge_epsilon_under_advanced_composition_is_accounted(days: Path) -> None:
+    """Item 13: epsilon >= ~710 with advanced composition raised OverflowError (a traceback)."""
+    policy = (_CAP + '[tables.t.columns.day]\npublic_keys = ["2024-01-01 00:00:00"]\n').replace(
+        "delta = 1e-6\n", 'delta = 1e-6\ncomposition = "advanced"\nadvanced_delta = 1e-9\n'
+    ).replace("epsilon = 1.0", "epsilon = 5000.0")
+    set_policy(days, policy)
+    with dpsql.connect(days, analyst="a") as db:
+        assert db.execute("SELECT COUNT(*) FROM t", epsilon=800.0).epsilon == 800.0
+        with pytest.raises(BudgetExceededError):
+            db.execute("SELECT COUNT(*) FROM t", epsilon=4500.0)
+        assert db.budget().dataset.epsilon_spent == 800.0

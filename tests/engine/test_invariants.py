@@ -9,7 +9,9 @@ float spellings of integers, neighbours beyond a type's precision). For every qu
 2. every row the analyst's own predicate selects among the declared values is in the charged set
    (the charge covers what the question asks, so the restriction never silently drops rows);
 3. run end to end, the ledger's dataset total is never below any one person's actual exposure:
-   the sum of ε over the answered queries that read at least one of their rows.
+   the sum of ε over the answered queries that read at least one of their rows;
+4. on neighbouring databases (with and without one person whose values sit at every type's edge)
+   a query has the same outcome, and no query fails after its charge.
 
 ``DPSQL_INVARIANT_EXAMPLES`` sets the examples per type (the suite's default is small; the
 benchmark-style run in ``benchmarks/bench_invariants.py`` uses many more).
@@ -285,5 +287,119 @@ def test_the_ledger_total_covers_every_persons_exposure(database, tmp_path: Path
             reader.close()
         spent = database_budget(copy).dataset.epsilon_spent
         assert spent >= max(exposure.values()) - 1e-9, (queries, exposure, spent)
+
+    check()
+
+
+# --- after the charge, success or failure never depends on one person's data -------------------
+
+EXTREME_POLICY = """
+[dataset]
+epsilon = 1000000.0
+delta = 1e-3
+[analysts.a]
+epsilon = 1000000.0
+delta = 1e-3
+[tables.v]
+privacy_unit = "u"
+max_groups_per_unit = 2
+max_rows_per_unit = 4
+[tables.v.columns.d]
+bounds = [-1e300, 1e300]
+[tables.v.columns.h]
+bounds = [0, 1e20]
+[tables.v.columns.m]
+bounds = [-1e30, 1e30]
+[tables.v.columns.f]
+bounds = [0, 1e38]
+[tables.v.columns.ub]
+bounds = [0, 1e19]
+[tables.v.columns.ki]
+key_domain = [0, 1000]
+"""
+
+EXTREME_VALUES = {
+    "d": ["'nan'::DOUBLE", "'inf'::DOUBLE", "'-inf'::DOUBLE", "1.7e308", "-1.7e308", "-0.0",
+          "5e-324", "NULL"],
+    "h": ["170141183460469231731687303715884105727", "-170141183460469231731687303715884105728",
+          "0", "NULL"],
+    "m": ["99999999999999999999999999999999999999", "-99999999999999999999999999999999999999",
+          "NULL"],
+    "f": ["'inf'::FLOAT", "'nan'::FLOAT", "3.4e38", "-3.4e38", "NULL"],
+    "ub": ["18446744073709551615", "0", "NULL"],
+    "ki": ["9223372036854775807", "-9223372036854775808", "0", "1001", "NULL"],
+    "kt": ["''", "repeat('x', 100000)", "'\\x00'", "'ü'", "NULL"],
+}
+
+_SUMMED = ("d", "h", "m", "f", "ub")
+EXTREME_QUERIES = [
+    *(f"SELECT {a}({c}) FROM v" for a in ("SUM", "AVG", "COUNT") for c in _SUMMED),
+    "SELECT COUNT(*) FROM v WHERE d > 0 OR h < 5",
+    "SELECT kt, COUNT(*) FROM v GROUP BY kt",
+    "SELECT ki, COUNT(*) FROM v GROUP BY ki",
+    "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(mechanism='alp') kt, COUNT(*) FROM v GROUP BY kt",
+    "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(delta=0) ki, COUNT(*) FROM v GROUP BY ki",
+    "SELECT COUNT(*) FROM v WHERE kt = 'k3'",
+]
+
+
+@pytest.fixture(scope="module")
+def extreme(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("extreme") / "v.duckdb"
+    connection = duckdb.connect(str(path))
+    connection.execute(
+        "CREATE TABLE v (u BIGINT, d DOUBLE, h HUGEINT, m DECIMAL(38,0), f FLOAT, ub UBIGINT, "
+        "ki BIGINT, kt VARCHAR)"
+    )
+    connection.execute(
+        "INSERT INTO v SELECT i // 2, i * 1.5, i, i, i, i, i % 7, 'k' || (i % 5) "
+        "FROM range(60) t(i)"
+    )
+    connection.close()
+    set_policy(path, EXTREME_POLICY)
+    return path
+
+
+def _outcome(path: Path, sql: str, epsilon: float) -> str:
+    with dpsql.connect(path, analyst="a") as db:
+        try:
+            db.execute(sql, epsilon=epsilon, delta=1e-6)
+        except DpsqlError as error:
+            return f"{type(error).__name__}: {error}"
+    return "answered"
+
+
+def test_after_the_charge_success_never_depends_on_one_persons_rows(
+    extreme: Path, tmp_path: Path
+) -> None:
+    """Issue 11, items 9-11: neighbouring datasets (with and without one person whose values sit
+    at every type's edge: NaN, infinities, the largest HUGEINT, DECIMAL(38), UBIGINT and BIGINT
+    keys, empty and 100k-character strings) give the same outcome; none fails after its charge."""
+
+    @_settings()
+    @given(
+        st.sampled_from(EXTREME_QUERIES),
+        st.sampled_from([0.5, 1000.0]),
+        st.fixed_dictionaries({c: st.sampled_from(v) for c, v in EXTREME_VALUES.items()}),
+        st.integers(1, 3),
+    )
+    def check(sql: str, epsilon: float, person: dict[str, str], rows: int) -> None:
+        outcomes = []
+        for with_person in (False, True):
+            directory = tmp_path / f"n{with_person}"
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir()
+            copy = directory / "v.duckdb"
+            shutil.copy(extreme, copy)
+            shutil.copy(f"{extreme}.dpsql.sqlite", f"{copy}.dpsql.sqlite")
+            if with_person:
+                connection = duckdb.connect(str(copy))
+                values = ", ".join(person[c] for c in ("d", "h", "m", "f", "ub", "ki", "kt"))
+                for _ in range(rows):
+                    connection.execute(f"INSERT INTO v VALUES (1000, {values})")
+                connection.close()
+            outcomes.append(_outcome(copy, sql, epsilon))
+        assert outcomes[0] == outcomes[1], (sql, person, outcomes)
+        assert not outcomes[1].startswith("ExecutionError"), (sql, person, outcomes)
 
     check()

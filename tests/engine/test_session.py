@@ -11,8 +11,7 @@ import pandas as pd
 import pytest
 
 import dpsql
-from dpsql.engine.backends import DuckDBBackend
-from dpsql.engine.session import database_budget, database_ledger
+from dpsql.engine.session import database_budget, database_ledger, set_policy
 from dpsql.errors import (
     BudgetExceededError,
     ExecutionError,
@@ -165,21 +164,24 @@ def test_ledger_survives_reopen(demo_db: Path) -> None:
     with dpsql.connect(demo_db, analyst="alice") as db:
         status = db.budget().for_analyst("alice")
         assert status is not None and status.epsilon_spent == 1.0
-        assert [e["kind"] for e in db.ledger()] == ["policy", "charge"]
+        assert [e["kind"] for e in db.ledger()] == ["charge"]  # own entries only
 
 
-def test_memory_limit_caps_the_default_backend(demo_db: Path) -> None:
-    with dpsql.connect(demo_db, analyst="alice", memory_limit="256MB") as db:
+def test_the_policy_sets_the_memory_limit_not_the_analyst(demo_db: Path) -> None:
+    """Item 9 of issue 11: a limit the analyst chooses turns one person's rows into a failure."""
+    from dpsql.engine.demo import DEMO_POLICY
+
+    with pytest.raises(TypeError, match="memory_limit"):
+        dpsql.connect(demo_db, analyst="alice", memory_limit="8MB")
+    set_policy(demo_db, DEMO_POLICY.replace("[dataset]\n", '[dataset]\nmemory_limit = "256MB"\n'))
+    with dpsql.connect(demo_db, analyst="alice") as db:
         limit = db.backend.run("SELECT current_setting('memory_limit') AS m")["m"][0]
         assert limit in {"256.0 MB", "244.1 MiB"}
         assert db.execute("SELECT COUNT(*) FROM requests", epsilon=0.5).rows
-    with pytest.raises(ParameterError, match="memory_limit must look like"):
-        dpsql.connect(demo_db, analyst="alice", memory_limit="lots")
-    backend = DuckDBBackend(demo_db)
-    with pytest.raises(ParameterError, match="default DuckDB backend only"):
-        dpsql.Session(demo_db, analyst="alice", backend=backend, memory_limit="1GB")
-    backend.close()
-    assert [e["kind"] for e in database_ledger(demo_db)] == ["policy", "charge"]
+    bad = DEMO_POLICY.replace("[dataset]\n", '[dataset]\nmemory_limit = "lots"\n')
+    with pytest.raises(PolicyError, match=r"dataset\.memory_limit"):
+        set_policy(demo_db, bad)
+    assert [e["kind"] for e in database_ledger(demo_db)] == ["policy", "policy", "charge"]
 
 
 def test_noise_has_the_stated_scale(stats_db, rng) -> None:

@@ -35,6 +35,7 @@ public_keys = ["DK", "NO", "SE", "IS"]
 [tables.visits]
 privacy_unit = "user_id"
 source = "lake/visits.csv"
+source_columns = [["user_id", "BIGINT"], ["seconds", "BIGINT"]]
 [tables.visits.columns.seconds]
 bounds = [0, 50]
 """
@@ -194,9 +195,14 @@ def test_relative_sources_resolve_against_the_database_directory(tmp_path: Path,
             ),
             "parquet",
         ),
-        FileSource("visits", ((tmp_path / "lake/visits.csv").resolve(),), "csv"),
+        FileSource(
+            "visits",
+            ((tmp_path / "lake/visits.csv").resolve(),),
+            "csv",
+            (("user_id", "BIGINT"), ("seconds", "BIGINT")),
+        ),
     ]
-    assert file_source("t", str(tmp_path / "lake" / "*.csv")).files == (
+    assert file_source("t", str(tmp_path / "lake" / "*.csv"), columns=[("a", "INT")]).files == (
         (tmp_path / "lake/secret.csv").resolve(),
         (tmp_path / "lake/visits.csv").resolve(),
     )

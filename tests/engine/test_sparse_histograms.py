@@ -11,6 +11,7 @@ import pytest
 import dpsql
 from dpsql.engine.session import database_ledger, database_synopses
 from dpsql.errors import UnsupportedQueryError
+from dpsql.mechanisms.hashing import hash_keys
 from tests.conftest import make_database, seeded_connect
 
 POLICY = """
@@ -48,6 +49,11 @@ def hits() -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["user_id", "url", "item", "channel"])
 
 
+def _by_hash(keys: list[str], seed: int) -> dict[str, str]:
+    """What each key is shown as under ``seed``."""
+    return {f"0x{int(h):016x}": key for key, h in zip(keys, hash_keys(keys, seed), strict=True)}
+
+
 @pytest.fixture
 def database(tmp_path: Path) -> Path:
     return make_database(tmp_path / "h.duckdb", {"hits": hits()}, POLICY)
@@ -59,10 +65,12 @@ def test_threshold_releases_heavy_keys_only(database: Path, rng) -> None:
             "SELECT url, COUNT(*) AS n FROM hits GROUP BY url", epsilon=1.0, delta=1e-6
         )
     assert result.mechanism == "threshold" and (result.epsilon, result.delta) == (1.0, 1e-6)
-    released = dict(result.rows)
-    assert set(released) == {f"/heavy/{i}" for i in range(10)}
+    # key_domain = "hash64": keys are shown as hashes under a public seed, even with delta > 0
+    # (issue 11, item 13); an analyst can check the keys they know, and read no others.
+    url_of = _by_hash([f"/heavy/{i}" for i in range(10)], result.details["key_hash_seed"])
+    assert {key for key, _ in result.rows} == set(url_of)
     for (key, value), (low, high) in zip(result.rows, result.intervals["n"], strict=True):
-        truth = 300 + 50 * int(key.rsplit("/", 1)[1])
+        truth = 300 + 50 * int(url_of[key].rsplit("/", 1)[1])
         assert low <= value <= high and abs(value - truth) <= 20
     assert database_synopses(database) == []  # thresholding alone stores nothing
 
@@ -76,7 +84,8 @@ def test_combined_structure_is_stored_and_answers_point_queries_for_free(
             "url, COUNT(*) AS n FROM hits WHERE channel = 'web' GROUP BY url"
         )
         assert result.mechanism == "combined"
-        assert {k for k, _ in result.rows} <= {f"/heavy/{i}" for i in range(10)}
+        heavy_hashes = _by_hash([f"/heavy/{i}" for i in range(10)], result.details["key_hash_seed"])
+        assert {k for k, _ in result.rows} <= set(heavy_hashes)
         (synopsis,) = database_synopses(database)
         assert synopsis["filters"] == ["\"channel\" = 'web'"] and synopsis["key_column"] == "url"
         spent = db.budget().dataset.epsilon_spent

@@ -10,7 +10,7 @@ import pytest
 
 import dpsql
 from dpsql.engine.session import database_ledger
-from dpsql.errors import ParameterError, PolicyError, UnsupportedQueryError
+from dpsql.errors import ParameterError, SchemaError, UnsupportedQueryError
 from tests.conftest import make_database, seeded_connect
 
 POLICY = """
@@ -109,7 +109,7 @@ def test_undeclared_public_table_is_refused(tmp_path: Path) -> None:
     database = make_database(tmp_path / "u.duckdb", tables, policy)
     with (
         dpsql.connect(database, analyst="a") as db,
-        pytest.raises(PolicyError, match="not declared public"),
+        pytest.raises(SchemaError, match="unknown table 'price_ranges': a query may name the"),
     ):
         db.execute(RANGE_SQL, epsilon=1.0)
 

@@ -347,3 +347,29 @@ def test_errors_belong_to_the_query_error_tree() -> None:
     assert issubclass(SqlSyntaxError, QueryError)
     assert issubclass(UnsupportedQueryError, QueryError)
     assert issubclass(ParameterError, ValueError)
+
+
+@pytest.mark.parametrize("text", ["'\ud800'", "'\udfff'", "1 -- \udc80"])
+def test_lone_surrogates_are_refused_with_their_position(text: str) -> None:
+    """Issue 11, item 13: a lone surrogate raised UnicodeEncodeError (a traceback)."""
+    with pytest.raises(SqlSyntaxError, match="not valid Unicode text") as caught:
+        parse(f"SELECT COUNT(*) FROM t WHERE name = {text}")
+    assert caught.value.line == 1 and caught.value.column is not None
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "(" * 3000 + "a = 1" + ")" * 3000,
+        "NOT " * 3000 + "a = 1",
+        "(NOT " * 500 + "a = 1" + ")" * 500,
+        " OR ".join(f"(a = {i} AND NOT (b = 1))" for i in range(3000)),
+        "CASE WHEN a = 1 THEN " * 3000 + "1" + " END" * 3000 + " = 1",
+        "abs(" * 3000 + "a" + ")" * 3000 + " = 1",
+    ],
+    ids=["parentheses", "nots", "mixed", "or_chain", "case", "functions"],
+)
+def test_deep_nesting_is_refused_not_a_recursion_error(where: str) -> None:
+    """Issue 11, item 13: deep nesting raised RecursionError (a traceback)."""
+    with pytest.raises(UnsupportedQueryError, match="nested too deeply"):
+        parse(f"SELECT COUNT(*) FROM t WHERE {where}")
