@@ -267,9 +267,9 @@ async def ledger(
     if identity.role == "auditor":
         entries = await service.in_thread(lambda: database_ledger(service.database))
     else:
-        # Filtered here whatever Session.ledger() returns: an analyst sees own charges only.
-        everything = await service.in_session(identity, lambda s: s.ledger())
-        entries = [e for e in everything if e["kind"] == "charge" and e["analyst"] == identity.name]
+        # Session.ledger() holds the analyst's own entries; the service shows their charges.
+        own = await service.in_session(identity, lambda s: s.ledger())
+        entries = [e for e in own if e["kind"] == "charge" and e["analyst"] == identity.name]
     if _wants_csv(request, output_format):
         return _csv(LEDGER_COLUMNS, [[e[c] for c in LEDGER_COLUMNS] for e in entries])
     return StrictJSONResponse(entries)
@@ -306,7 +306,7 @@ async def synopses(service: Service, identity: Caller) -> Response:
     return StrictJSONResponse(listed)
 
 
-@router.get("/v1/me", response_model=models.Identity, responses=_REFUSALS, tags=["session"])
+@router.get("/v1/me", response_model=models.Me, responses=_REFUSALS, tags=["session"])
 async def me(identity: Caller) -> Response:
     """The name and role the token stands for."""
     return StrictJSONResponse({"name": identity.name, "role": identity.role})

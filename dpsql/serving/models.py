@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "ExplainResponse",
-    "Identity",
+    "Me",
     "QueryRequest",
     "QueryResponse",
     "VerifyResponse",
@@ -68,7 +68,7 @@ class VerifyResponse(BaseModel):
     detail: str
 
 
-class Identity(BaseModel):
+class Me(BaseModel):
     """Who the token names."""
 
     name: str

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import os
 import subprocess
 import sys
@@ -47,6 +48,10 @@ def test_health_openapi_and_docs(server: Server) -> None:
     for path in ("/v1/query", "/v1/explain", "/v1/budget", "/v1/ledger", "/v1/ledger/verify"):
         assert path in paths
     assert "swagger" in server.call("GET", "/docs", None).text.lower()
+    console = server.call("GET", "/", None)
+    assert "<title>dpsql console</title>" in console.text
+    assert console.headers["content-security-policy"] == "default-src 'self'"
+    assert server.call("GET", "/console/console.js", None).status_code == 200
     assert assert_problem(server.call("GET", "/v1/nothing", None), 404, "not-found")
 
 
@@ -205,6 +210,11 @@ def test_tokens_missing_invalid_and_revoked(server: Server) -> None:
     token = created.stdout.strip()
     assert server.call("GET", "/v1/me", token).json() == {"name": "alice", "role": "analyst"}
     token_id = token.split("_")[1]
+    listed = run_cli("token", "list", "--db", str(server.database), "--format", "json").stdout
+    assert {"id": token_id, "name": "alice", "role": "analyst"}.items() <= json.loads(listed)[
+        -1
+    ].items()
+    assert token not in listed
     assert run_cli("token", "revoke", "--db", str(server.database), token_id).returncode == 0
     assert_problem(server.call("GET", "/v1/me", token), 401, "unauthorized")
     assert_problem(server.query(token, {"sql": COUNT}), 401, "unauthorized")

@@ -44,6 +44,12 @@ def test_remote_synopsis_is_listed_and_answers_for_free(server: Server) -> None:
         assert synopsis["key_column"] == "url"
         free = db.execute("SELECT COUNT(*) AS n FROM requests WHERE url = '/home'")
         assert free.epsilon == 0 and free.mechanism.startswith("synopsis:")
+    with dpsql.connect(server.url, token=server.bob) as other:  # share_synopses is off
+        assert other.synopses() == []
+        paid = other.execute("SELECT COUNT(*) AS n FROM requests WHERE url = '/home'", epsilon=0.1)
+        assert paid.epsilon == 0.1 and not paid.mechanism.startswith("synopsis:")
+    with dpsql.connect(server.url, token=server.auditor) as audit:
+        assert [s["name"] for s in audit.synopses()] == [synopsis["name"]]
 
 
 def test_remote_errors_are_the_local_classes(server: Server) -> None:
