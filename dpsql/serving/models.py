@@ -21,9 +21,12 @@ __all__ = [
 
 
 class QueryRequest(BaseModel):
-    """A query (``POST /v1/query``) or a plan to price (``POST /v1/explain``)."""
+    """A query (``POST /v1/query``) or a plan to price (``POST /v1/explain``).
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    Strict: ``true`` or ``"1"`` is not an epsilon (lax parsing would charge ε = 1).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
     sql: str = Field(min_length=1, description="the SQL; OPTIONS(...) in it work as on the CLI")
     epsilon: float | None = Field(None, description="epsilon of this query")
