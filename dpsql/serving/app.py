@@ -368,7 +368,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         database,
         TokenStore(database),
         EngineRunner(database),
-        RateLimiter(settings.rate_per_minute),
+        RateLimiter(settings.rate_per_minute, f"{database}.dpsql.rate.sqlite"),
     )
 
     @asynccontextmanager
@@ -376,6 +376,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         yield
         service.runner.close()
         service.tokens.close()
+        service.limiter.close()
 
     app = FastAPI(
         title="dpsql",

@@ -1,15 +1,17 @@
 """Limits the administrator sets on the service: body size, SQL length, rate, query time.
 
 ``ServerSettings`` is validated once when the service starts. The rate limit is a token bucket
-per access token, kept in each worker's memory: with ``--workers N`` a token may reach N times
-the rate (the buckets are not shared; the ledger, which guards privacy, is).
+per access token, shared by the workers through ``<database>.dpsql.rate.sqlite`` (a file of its
+own, so that it never waits on the ledger's lock).
 """
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
+from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -36,26 +38,69 @@ class ServerSettings(BaseModel):
 
 
 class RateLimiter:
-    """A token bucket per key: ``per_minute`` requests a minute, bursts up to ``per_minute``."""
+    """A token bucket per key: ``per_minute`` requests a minute, bursts up to ``per_minute``.
 
-    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic):
+    With ``path`` the buckets live in that SQLite file, so every worker of the service draws
+    from the same bucket (one short write transaction per request; durability is not needed,
+    so it skips fsync). Without it they live in this process's memory.
+    """
+
+    def __init__(
+        self,
+        per_minute: int,
+        path: str | Path | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
         self.capacity = float(per_minute)
         self.refill_per_second = per_minute / 60.0
         self._clock = clock
         self._buckets: dict[str, tuple[float, float]] = {}
         self._lock = threading.Lock()
+        self._connection: sqlite3.Connection | None = None
+        if path is not None:
+            self._connection = sqlite3.connect(
+                path, timeout=10, isolation_level=None, check_same_thread=False
+            )
+            self._connection.execute("PRAGMA journal_mode=WAL")
+            self._connection.execute("PRAGMA synchronous=OFF")
+            self._connection.execute(
+                "CREATE TABLE IF NOT EXISTS buckets (key TEXT PRIMARY KEY, level REAL, at REAL)"
+            )
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+
+    def _take(self, level: float, then: float, now: float) -> tuple[float, float | None]:
+        level = min(self.capacity, level + max(0.0, now - then) * self.refill_per_second)
+        if level >= 1.0:
+            return level - 1.0, None
+        return level, (1.0 - level) / self.refill_per_second
 
     def admit(self, key: str) -> float | None:
         """Take one request from ``key``'s bucket: None if admitted, else seconds to wait."""
         with self._lock:
             now = self._clock()
-            level, then = self._buckets.get(key, (self.capacity, now))
-            level = min(self.capacity, level + (now - then) * self.refill_per_second)
-            if level >= 1.0:
-                self._buckets[key] = (level - 1.0, now)
-                return None
-            self._buckets[key] = (level, now)
-            return (1.0 - level) / self.refill_per_second
+            if self._connection is None:
+                level, wait = self._take(*self._buckets.get(key, (self.capacity, now)), now)
+                self._buckets[key] = (level, now)
+                return wait
+            connection = self._connection
+            connection.execute("BEGIN IMMEDIATE")
+            try:
+                row = connection.execute(
+                    "SELECT level, at FROM buckets WHERE key = ?", (key,)
+                ).fetchone()
+                level, wait = self._take(*(row or (self.capacity, now)), now)
+                connection.execute(
+                    "INSERT OR REPLACE INTO buckets (key, level, at) VALUES (?, ?, ?)",
+                    (key, level, now),
+                )
+            except BaseException:
+                connection.execute("ROLLBACK")
+                raise
+            connection.execute("COMMIT")
+            return wait
 
 
 class BodyLimit:

@@ -244,10 +244,11 @@ def test_body_too_large_whether_declared_or_streamed(server: Server) -> None:
     assert_problem(streamed, 413, "too-large")
 
 
-def test_rate_limit_per_token(tmp_path) -> None:
-    limited = serve(tmp_path, "--rate-limit", "3")
+def test_rate_limit_per_token_across_workers(tmp_path) -> None:
+    limited = serve(tmp_path, "--rate-limit", "3", "--workers", "2")
     try:
-        statuses = [limited.call("GET", "/v1/me", limited.alice) for _ in range(4)]
+        statuses = [limited.call("GET", "/v1/me", limited.alice) for _ in range(4)]  # new
+        # connection each time: the kernel spreads them over both workers, which share buckets
         assert [r.status_code for r in statuses] == [200, 200, 200, 429]
         assert int(statuses[-1].headers["retry-after"]) >= 1
         assert_problem(statuses[-1], 429, "rate-limited")

@@ -17,15 +17,22 @@ from dpsql.serving.tokens import TokenStore
 from tests.serving.conftest import demo_database
 
 
-def test_rate_limiter_refills_at_the_rate() -> None:
+@pytest.mark.parametrize("shared", [False, True])
+def test_rate_limiter_refills_at_the_rate(tmp_path: Path, shared: bool) -> None:
     now = [0.0]
-    limiter = RateLimiter(60, clock=lambda: now[0])
+    path = tmp_path / "rate.sqlite" if shared else None
+    limiter = RateLimiter(60, path, clock=lambda: now[0])
     assert all(limiter.admit("a") is None for _ in range(60))
     assert limiter.admit("a") == pytest.approx(1.0)
     assert limiter.admit("b") is None
     now[0] = 2.0
     assert limiter.admit("a") is None and limiter.admit("a") is None
     assert limiter.admit("a") is not None
+    if shared:  # another worker's limiter sees the same, empty, bucket
+        other = RateLimiter(60, path, clock=lambda: now[0])
+        assert other.admit("a") is not None
+        other.close()
+    limiter.close()
 
 
 def test_a_timeout_after_the_charge_keeps_the_charge(tmp_path: Path) -> None:
