@@ -24,6 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
+from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
 
 from dpsql.engine.results import LEDGER_COLUMNS, csv_text
@@ -378,7 +379,9 @@ def create_app(settings: ServerSettings) -> FastAPI:
         service.tokens.close()
         service.limiter.close()
 
-    app = FastAPI(
+    # FastAPIOffline: /docs and /redoc from assets in the package, not a CDN (data owners'
+    # machines may have no route to the internet).
+    app = FastAPIOffline(
         title="dpsql",
         version=version("dpsql"),
         summary="Differentially private SQL over one database, with a privacy ledger.",

@@ -109,3 +109,17 @@ def test_auditor_sees_everything_and_verifies(browser, server: Server) -> None:
     sync_api.expect(page.locator("#ledger tbody tr").last).to_contain_text("policy")
     page.click("#verify")
     sync_api.expect(page.locator("#verify-result")).to_contain_text("Verified")
+
+
+def test_api_docs_render_without_a_cdn(browser, server: Server) -> None:
+    page = browser.new_page()
+    external: list[str] = []
+    page.on(
+        "request",
+        lambda request: (
+            None if request.url.startswith(server.url) else external.append(request.url)
+        ),
+    )
+    page.goto(f"{server.url}/docs")
+    sync_api.expect(page.locator(".opblock-summary-path", has_text="/v1/query")).to_have_count(1)
+    assert external == []
