@@ -40,7 +40,9 @@ class EngineRunner:
         self._sessions: dict[str, Session] = {}
 
     def close(self) -> None:
-        """Close the sessions and the backend (on the engine thread, which owns them)."""
+        """Stop a running query, then close the sessions and the backend (on the engine thread,
+        which owns them)."""
+        self._interrupt()
         self._executor.submit(self._close).result()
         self._executor.shutdown()
 
