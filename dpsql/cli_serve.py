@@ -201,8 +201,7 @@ def token_revoke(database: str, token_id: str) -> None:
 def _remote_query(session: RemoteSession, *, dialect: str, output_format: str, **options: Any):
     from dpsql.cli import print_result
 
-    if dialect != "duckdb":
-        raise click.UsageError("the service reads the duckdb dialect only; drop --dialect")
+    session.dialect = dialect
     result = session.execute(
         options["sql"],
         epsilon=options["epsilon"],

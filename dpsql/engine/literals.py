@@ -192,8 +192,10 @@ class Binder:
         if where is not None:
             where = self._converted(where)
         partition = None
-        if table is not None and table.partition_column is not None and mentions(
-            where, table.partition_column
+        if (
+            table is not None
+            and table.partition_column is not None
+            and mentions(where, table.partition_column)
         ):
             where, partition = self._partitioned(shape.table, table, where)
         return BoundShape(replace(shape, where=where), partition)

@@ -192,9 +192,7 @@ class Session:
         self._ledger.dataset = _dataset_name(database, self.policy)
         # The policy may point tables at Parquet/CSV files: the backend exposes exactly those.
         self.backend = (
-            backend
-            if backend is not None
-            else DuckDBBackend.for_policy(database, self.policy)
+            backend if backend is not None else DuckDBBackend.for_policy(database, self.policy)
         )
         if analyst not in self.policy.analysts:
             raise PolicyError(f"analyst {analyst!r} has no allocation in the policy")
@@ -550,9 +548,7 @@ class Session:
         store = self._synopses()
         try:
             for query in readings:
-                found = store.find(
-                    shape.table, query.column, query.filters, self._synopsis_owner()
-                )
+                found = store.find(shape.table, query.column, query.filters, self._synopsis_owner())
                 if found is not None:
                     return found, query
         finally:

@@ -181,6 +181,12 @@ Auditor = Annotated[Identity, Depends(_auditor)]
 Format = Annotated[Literal["json", "csv"] | None, Query(alias="format")]
 
 
+def _asked(session: Session, body: models.QueryRequest) -> Session:
+    """The session reading ``body``'s dialect (the engine thread runs one call at a time)."""
+    session.dialect = body.dialect
+    return session
+
+
 def _checked(service: _Service, body: models.QueryRequest) -> models.QueryRequest:
     limit = service.settings.max_sql_length
     if len(body.sql) > limit:
@@ -215,7 +221,7 @@ async def query(
     body = _checked(service, body)
     result = await service.in_session(
         identity,
-        lambda s: s.execute(
+        lambda s: _asked(s, body).execute(
             body.sql,
             epsilon=body.epsilon,
             delta=body.delta,
@@ -236,7 +242,7 @@ async def explain(body: models.QueryRequest, service: Service, identity: Analyst
     body = _checked(service, body)
     report = await service.in_session(
         identity,
-        lambda s: s.explain(
+        lambda s: _asked(s, body).explain(
             body.sql,
             epsilon=body.epsilon,
             delta=body.delta,

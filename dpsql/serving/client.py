@@ -26,7 +26,9 @@ __all__ = ["RemoteSession", "connect"]
 class RemoteSession:
     """An analyst's (or auditor's) connection to a dpsql service.
 
-    ``transport`` replaces httpx's network transport (tests, proxies); ``timeout`` is in seconds.
+    ``dialect`` is the SQL dialect the analyst writes in (any sqlglot dialect), as for a local
+    connection; ``transport`` replaces httpx's network transport (tests, proxies); ``timeout`` is
+    in seconds.
     """
 
     def __init__(
@@ -34,6 +36,7 @@ class RemoteSession:
         url: str,
         *,
         token: str | None = None,
+        dialect: str = "duckdb",
         timeout: float = 300.0,
         transport: httpx.BaseTransport | None = None,
     ):
@@ -47,6 +50,7 @@ class RemoteSession:
                 "the token has spaces or control characters; copy it again", status=401
             )
         self.url = url.rstrip("/")
+        self.dialect = dialect
         self._client = httpx.Client(
             base_url=self.url,
             headers={"Authorization": f"Bearer {token}", "Accept": "application/json"},
@@ -80,9 +84,9 @@ class RemoteSession:
             document = {"detail": f"HTTP status {response.status_code}"}
         raise error_from_problem(document, response.status_code)
 
-    @staticmethod
-    def _request(sql: str, **options: Any) -> dict[str, Any]:
-        return {"sql": sql, **{k: v for k, v in options.items() if v is not None}}
+    def _request(self, sql: str, **options: Any) -> dict[str, Any]:
+        body = {"sql": sql, **{k: v for k, v in options.items() if v is not None}}
+        return body if self.dialect == "duckdb" else {**body, "dialect": self.dialect}
 
     def execute(
         self,

@@ -35,6 +35,7 @@ class QueryRequest(BaseModel):
         None, description="how keys without public keys are released; laplace skips synopses"
     )
     max_answers: int | None = Field(None, description="cut-off of the sparse vector technique")
+    dialect: str = Field("duckdb", max_length=32, description="SQL dialect of `sql` (sqlglot's)")
 
 
 class QueryResponse(BaseModel):

@@ -439,8 +439,8 @@ class _Analyzer:
             form = (
                 "YYYY-MM-DD"
                 if kind is ColumnKind.DATE
-                else "YYYY-MM-DD HH:MM[:SS[.fraction]]" + ("+HH:MM (an offset is required)"
-                if zone else " without an offset or time zone")
+                else "YYYY-MM-DD HH:MM[:SS[.fraction]]"
+                + ("+HH:MM (an offset is required)" if zone else " without an offset or time zone")
             )
             self.reject(
                 node,
@@ -522,22 +522,86 @@ def analyze(parsed: ParsedQuery, catalog: Mapping[str, Mapping[str, str]]) -> Qu
 def _unknown_table(name: str) -> str:
     """The same words whether the table is missing or outside the policy: which tables exist
     beyond the policy is not the analyst's to learn."""
-    return (
-        f"unknown table {name!r}: a query may name the policy's tables and public tables only"
-    )
+    return f"unknown table {name!r}: a query may name the policy's tables and public tables only"
 
 
 RESERVED_WORDS = frozenset(
     {
-        "ALL", "ANALYSE", "ANALYZE", "AND", "ANY", "ARRAY", "AS", "ASC", "ASYMMETRIC", "BOTH",
-        "CASE", "CAST", "CHECK", "COLLATE", "COLUMN", "CONSTRAINT", "CREATE", "DEFAULT",
-        "DEFERRABLE", "DESC", "DESCRIBE", "DISTINCT", "DO", "ELSE", "END", "EXCEPT", "FALSE",
-        "FETCH", "FOR", "FOREIGN", "FROM", "GROUP", "HAVING", "IN", "INITIALLY", "INTERSECT",
-        "INTO", "LAMBDA", "LATERAL", "LEADING", "LIMIT", "NOT", "NULL", "OFFSET", "ON", "ONLY",
-        "OR", "ORDER", "PIVOT", "PIVOT_LONGER", "PIVOT_WIDER", "PLACING", "PRIMARY", "QUALIFY",
-        "REFERENCES", "RETURNING", "SELECT", "SHOW", "SOME", "SUMMARIZE", "SYMMETRIC", "TABLE",
-        "THEN", "TO", "TRAILING", "TRUE", "UNION", "UNIQUE", "UNPIVOT", "USING", "VARIADIC",
-        "WHEN", "WHERE", "WINDOW", "WITH",
+        "ALL",
+        "ANALYSE",
+        "ANALYZE",
+        "AND",
+        "ANY",
+        "ARRAY",
+        "AS",
+        "ASC",
+        "ASYMMETRIC",
+        "BOTH",
+        "CASE",
+        "CAST",
+        "CHECK",
+        "COLLATE",
+        "COLUMN",
+        "CONSTRAINT",
+        "CREATE",
+        "DEFAULT",
+        "DEFERRABLE",
+        "DESC",
+        "DESCRIBE",
+        "DISTINCT",
+        "DO",
+        "ELSE",
+        "END",
+        "EXCEPT",
+        "FALSE",
+        "FETCH",
+        "FOR",
+        "FOREIGN",
+        "FROM",
+        "GROUP",
+        "HAVING",
+        "IN",
+        "INITIALLY",
+        "INTERSECT",
+        "INTO",
+        "LAMBDA",
+        "LATERAL",
+        "LEADING",
+        "LIMIT",
+        "NOT",
+        "NULL",
+        "OFFSET",
+        "ON",
+        "ONLY",
+        "OR",
+        "ORDER",
+        "PIVOT",
+        "PIVOT_LONGER",
+        "PIVOT_WIDER",
+        "PLACING",
+        "PRIMARY",
+        "QUALIFY",
+        "REFERENCES",
+        "RETURNING",
+        "SELECT",
+        "SHOW",
+        "SOME",
+        "SUMMARIZE",
+        "SYMMETRIC",
+        "TABLE",
+        "THEN",
+        "TO",
+        "TRAILING",
+        "TRUE",
+        "UNION",
+        "UNIQUE",
+        "UNPIVOT",
+        "USING",
+        "VARIADIC",
+        "WHEN",
+        "WHERE",
+        "WINDOW",
+        "WITH",
     }
 )
 """DuckDB's reserved keywords (``duckdb_keywords()``, category 'reserved'), which no unquoted

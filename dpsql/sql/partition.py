@@ -66,9 +66,7 @@ def restrict(
     where: exp.Expression | None, column: str, values: Sequence[exp.Expression]
 ) -> exp.Expression:
     """``where AND column IN (values)``: the clause the generated SQL runs."""
-    inside = exp.In(
-        this=exp.column(column, quoted=True), expressions=[v.copy() for v in values]
-    )
+    inside = exp.In(this=exp.column(column, quoted=True), expressions=[v.copy() for v in values])
     if where is None:
         return inside
     return exp.And(this=exp.Paren(this=where.copy()), expression=inside)

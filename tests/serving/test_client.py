@@ -76,6 +76,32 @@ def test_remote_errors_are_the_local_classes(server: Server) -> None:
         dpsql.connect(server.url, analyst="bob", token=server.alice)
 
 
+def test_dialect_is_read_as_locally(server: Server) -> None:
+    sql = "SELECT COUNT(*) AS n FROM requests WHERE url = `x`"  # backticks quote in MySQL only
+    duckdb_reader = dpsql.connect(server.url, token=server.alice)
+    with duckdb_reader, pytest.raises(dpsql.SqlSyntaxError):
+        duckdb_reader.explain(sql, epsilon=0.1)
+    with dpsql.connect(server.url, token=server.alice, dialect="mysql") as mysql_reader:
+        with pytest.raises(dpsql.UnsupportedQueryError, match="between two columns"):
+            mysql_reader.explain(sql, epsilon=0.1)  # `x` is a column in MySQL
+        mysql_reader.dialect = "nope"
+        with pytest.raises(dpsql.ParameterError, match="unknown SQL dialect 'nope'"):
+            mysql_reader.explain(COUNT, epsilon=0.1)
+    answered = run_cli(
+        "query",
+        "--dialect",
+        "mysql",
+        "--format",
+        "json",
+        "--epsilon",
+        "0.1",
+        COUNT,
+        DPSQL_URL=server.url,
+        DPSQL_TOKEN=server.alice,
+    )
+    assert answered.returncode == 0, answered.stderr
+
+
 def test_unreachable_service_is_a_service_error() -> None:
     with dpsql.connect("http://127.0.0.1:9", token="t") as db, pytest.raises(dpsql.ServiceError):
         db.budget()
