@@ -374,7 +374,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         settings,
         database,
         TokenStore(database),
-        EngineRunner(database),
+        EngineRunner(database, verify_every=settings.verify_every),
         RateLimiter(settings.rate_per_minute, f"{database}.dpsql.rate.sqlite"),
     )
 

@@ -8,18 +8,24 @@ DuckDB parallelises inside a query; the service scales across queries with ``--w
 
 A call that passes its time limit is interrupted inside DuckDB; if it was charged, the charge
 stands, as everywhere in dpsql. A policy change that adds file sources needs a restart.
+
+A local session verifies the whole ledger whenever it opens; a worker's sessions live long, so
+the runner re-verifies the chain before a call once ``verify_every`` seconds have passed since
+the last check: an edited ledger stops the service within that time (``LedgerError``, 503).
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
+from dpsql.accountant.ledger import Ledger
 from dpsql.engine.backends import DuckDBBackend
-from dpsql.engine.session import Session, show_policy
+from dpsql.engine.session import Session, ledger_path, show_policy
 
 __all__ = ["EngineRunner", "RunnerTimeout"]
 
@@ -33,11 +39,13 @@ class RunnerTimeout(Exception):
 class EngineRunner:
     """Runs engine work on the worker's one engine thread."""
 
-    def __init__(self, database: str | Path):
+    def __init__(self, database: str | Path, *, verify_every: float = 60.0):
         self.database = Path(database)
+        self.verify_every = verify_every
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="dpsql-engine")
         self._backend: DuckDBBackend | None = None
         self._sessions: dict[str, Session] = {}
+        self._verified = time.monotonic()
 
     def close(self) -> None:
         """Stop a running query, then close the sessions and the backend (on the engine thread,
@@ -62,7 +70,14 @@ class EngineRunner:
             self._sessions[analyst] = session
         return session
 
+    def _verify(self) -> None:
+        if time.monotonic() - self._verified < self.verify_every:
+            return
+        Ledger(ledger_path(self.database), dataset=self.database.stem).close()  # verifies
+        self._verified = time.monotonic()
+
     def _run(self, work: Callable[[Session | None], T], analyst: str | None) -> T:
+        self._verify()
         return work(None if analyst is None else self._session(analyst))
 
     def _interrupt(self) -> None:

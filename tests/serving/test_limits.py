@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from dpsql.engine.session import database_ledger
+from dpsql.engine.session import database_ledger, ledger_path
+from dpsql.errors import LedgerError
 from dpsql.serving.app import create_app
 from dpsql.serving.limits import RateLimiter, ServerSettings
 from dpsql.serving.runner import EngineRunner, RunnerTimeout
@@ -87,3 +89,22 @@ def test_settings_are_validated_once() -> None:
         ServerSettings(database="x", max_body_bytes=1)
     with pytest.raises(ValueError, match="extra"):
         ServerSettings(database="x", seed=1)
+
+
+def test_an_edited_ledger_stops_a_running_worker(tmp_path: Path) -> None:
+    database = demo_database(tmp_path)
+    runner = EngineRunner(database, verify_every=0.0)
+    query = "SELECT COUNT(*) FROM requests"
+    try:
+        asyncio.run(
+            runner.run(lambda s: s.execute(query, epsilon=0.1), analyst="alice", timeout=30)
+        )
+        connection = sqlite3.connect(ledger_path(database))
+        connection.execute("DROP TRIGGER entries_no_update")
+        connection.execute("UPDATE entries SET epsilon_units = 1 WHERE kind = 'charge'")
+        connection.commit()
+        connection.close()
+        with pytest.raises(LedgerError, match="fails verification at entry 2"):
+            asyncio.run(runner.run(lambda s: s.budget(), analyst="alice", timeout=30))
+    finally:
+        runner.close()
