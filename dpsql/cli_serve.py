@@ -45,6 +45,13 @@ __all__ = ["register", "run_service", "serve", "serve_demo", "token"]
     "--rate-limit", default=600, show_default=True, type=click.IntRange(1), help="Per token/minute."
 )
 @click.option("--query-timeout", default=60.0, show_default=True, type=click.FloatRange(min=0.001))
+@click.option(
+    "--verify-every",
+    default=60.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Seconds between re-verifications of the ledger's chain by each worker.",
+)
 def serve(
     database: str,
     host: str,
@@ -54,6 +61,7 @@ def serve(
     max_sql_length: int,
     rate_limit: int,
     query_timeout: float,
+    verify_every: float,
 ) -> None:
     """Serve the database over HTTP: the API under /v1, its docs at /docs, a console at /."""
     from dpsql.serving.limits import ServerSettings
@@ -67,6 +75,7 @@ def serve(
         max_sql_length=max_sql_length,
         rate_per_minute=rate_limit,
         query_timeout=query_timeout,
+        verify_every=verify_every,
     )
     run_service(settings, host=host, port=port, workers=workers)
 

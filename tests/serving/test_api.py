@@ -6,12 +6,14 @@ import csv
 import io
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 
 import httpx
 import pytest
 
+from dpsql.engine.session import ledger_path
 from tests.serving.conftest import Server, serve, stop
 
 COUNT = "SELECT COUNT(*) AS n FROM requests"
@@ -270,3 +272,20 @@ def test_timeout_is_one_data_independent_error(tmp_path) -> None:
         assert slow.call("GET", "/v1/health", None).status_code == 200
     finally:
         stop(slow.process)
+
+
+def test_an_edited_ledger_stops_the_service(tmp_path) -> None:
+    served = serve(tmp_path, "--verify-every", "0")
+    try:
+        assert served.query(served.alice, {"sql": COUNT, "epsilon": 0.1}).status_code == 200
+        connection = sqlite3.connect(ledger_path(served.database))
+        connection.execute("DROP TRIGGER entries_no_update")
+        connection.execute("UPDATE entries SET epsilon_units = 1 WHERE kind = 'charge'")
+        connection.commit()
+        connection.close()
+        refused = served.query(served.alice, {"sql": COUNT, "epsilon": 0.1})
+        assert "fails verification" in assert_problem(refused, 503, "ledger")["detail"]
+        verified = served.call("GET", "/v1/ledger/verify", served.auditor).json()
+        assert verified["verified"] is False and "fails verification" in verified["detail"]
+    finally:
+        stop(served.process)
