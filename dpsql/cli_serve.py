@@ -19,7 +19,7 @@ from click.core import ParameterSource
 
 from dpsql.cli_output import db_option, print_csv, print_table
 from dpsql.engine.session import show_policy
-from dpsql.errors import ParameterError
+from dpsql.errors import LedgerError, ParameterError
 from dpsql.serving.client import RemoteSession
 
 if TYPE_CHECKING:
@@ -207,29 +207,21 @@ def token_revoke(database: str, token_id: str) -> None:
 
 
 # Remote analyst commands: the same output as the local ones, through a RemoteSession. ----------
-def _remote_query(session: RemoteSession, *, dialect: str, output_format: str, **options: Any):
+def _query_options(options: dict[str, Any]) -> dict[str, Any]:
+    return {k: options[k] for k in ("epsilon", "delta", "mechanism", "max_answers")}
+
+
+def _remote_query(
+    session: RemoteSession, *, sql: str, dialect: str, output_format: str, **options: Any
+) -> None:
     from dpsql.cli import print_result
 
     session.dialect = dialect
-    result = session.execute(
-        options["sql"],
-        epsilon=options["epsilon"],
-        delta=options["delta"],
-        mechanism=options["mechanism"],
-        max_answers=options["max_answers"],
-    )
-    print_result(result, output_format)
+    print_result(session.execute(sql, **_query_options(options)), output_format)
 
 
-def _remote_explain(session: RemoteSession, **options: Any) -> None:
-    report = session.explain(
-        options["sql"],
-        epsilon=options["epsilon"],
-        delta=options["delta"],
-        mechanism=options["mechanism"],
-        max_answers=options["max_answers"],
-    )
-    click.echo(json.dumps(report, indent=2))
+def _remote_explain(session: RemoteSession, *, sql: str, **options: Any) -> None:
+    click.echo(json.dumps(session.explain(sql, **_query_options(options)), indent=2))
 
 
 def _remote_budget(session: RemoteSession, *, output_format: str, **_: Any) -> None:
@@ -247,8 +239,6 @@ def _remote_ledger(session: RemoteSession, *, output_format: str, **_: Any) -> N
 def _remote_verify(session: RemoteSession, **_: Any) -> None:
     report = session.verify()
     if not report["verified"]:
-        from dpsql.errors import LedgerError
-
         raise LedgerError(report["detail"])
     click.echo(f"ledger at {session.url} verified: {report['detail']}")
 
@@ -284,8 +274,9 @@ def _accept_remote(command: click.Command, remote: Callable[..., None]) -> None:
         if options.get("database") is None and url is not None:
             if token is None:
                 raise click.UsageError("Missing option '--token' (or DPSQL_TOKEN) for --url.")
+            if options.pop("analyst", None) is not None:
+                raise click.UsageError("with --url the service takes the analyst from the token")
             options.pop("database")
-            options.pop("analyst", None)
             with RemoteSession(url, token=token) as session:
                 remote(session, **options)
             return None

@@ -147,3 +147,7 @@ def test_cli_remote_errors_are_one_line(server: Server) -> None:
     assert neither.returncode == 2 and "Missing option '--db' (or --url/--token)" in neither.stderr
     both = run_cli("budget", "--db", str(server.database), "--url", server.url)
     assert both.returncode == 2 and "not both" in both.stderr
+    impersonating = run_cli(
+        "ledger", "--analyst", "bob", DPSQL_URL=server.url, DPSQL_TOKEN=server.alice
+    )
+    assert impersonating.returncode == 2 and "from the token" in impersonating.stderr
