@@ -121,38 +121,51 @@ def _integral(kinds: Sequence[ColumnKind]) -> bool:
     return all(kind in (ColumnKind.INTEGER, ColumnKind.BOOLEAN) for kind in kinds)
 
 
-def _salted_order(keys: Sequence[str], kinds: Sequence[ColumnKind], salt: int) -> str:
-    """A salted pseudo-random order of a unit's groups that every backend computes identically.
+def _salted_order(
+    columns: Sequence[str], kinds: Sequence[ColumnKind], salt: int
+) -> tuple[tuple[str, ...], str]:
+    """A salted pseudo-random order of a unit's cells that every backend computes identically.
 
-    It is a function of the group key and the salt alone (never of the data), so which groups a
-    unit keeps depends on its own rows only. Engines' own hash functions differ (DuckDB's ``HASH``
-    is not Spark's murmur3 ``HASH``), so the order uses portable arithmetic: integer and boolean
-    keys are mixed modulo ``2**31 - 1`` with multipliers derived from the salt (a few integer
-    operations per cell); other keys (strings, dates, decimals, ...) by the MD5 of their text,
-    computed once per distinct key (the window then sorts each key's rank in that order). Ties
-    are broken by the keys themselves. Float keys print differently on some engines (DuckDB
-    ``1e+20``, Spark ``1.0E20``), so their order may differ between engines.
+    ``columns`` are the privacy unit and the group keys. The order is a function of the unit,
+    the key and the salt alone, so which groups a unit keeps depends on its own rows only, and
+    since the unit is mixed in, different persons keep different groups: with
+    ``max_groups_per_unit = 1`` and persons spanning 8 groups, each group keeps about 1/8 of the
+    persons. Nothing in the order is a rank or a count over the data (a rank would make one
+    unit's choice depend on which other units or keys exist). Engines' own hash functions differ
+    (DuckDB's ``HASH`` is not Spark's murmur3 ``HASH``), so the order uses portable arithmetic:
+    when the unit and every key are integer or boolean, they are mixed modulo ``2**31 - 1`` with
+    multipliers derived from the salt (a square after each column and two more rounds, so the
+    order of any one unit's keys is a degree-4 polynomial in the key, no longer a shifted linear
+    one); otherwise by the MD5 of their text. Ties are broken by the keys themselves. Float keys
+    print differently on some engines (DuckDB ``1e+20``, Spark ``1.0E20``), so their order may
+    differ between engines.
 
-    >>> _salted_order(["__key0"], [ColumnKind.STRING], 7)
-    "MD5('7' || '|' || CAST(__key0 AS VARCHAR))"
+    Returns the steps and the order: each step is the next value of a column ``__mix`` computed
+    from the previous one (so no expression repeats a longer one), and the order reads the last.
+
+    >>> _salted_order(["__unit", "__key0"], [ColumnKind.STRING, ColumnKind.STRING], 7)[1]
+    "MD5('7' || '|' || CAST(__unit AS VARCHAR) || '|' || CAST(__key0 AS VARCHAR))"
     """
     if not _integral(kinds):
-        text = " || '|' || ".join(f"CAST({key} AS VARCHAR)" for key in keys)
-        return f"MD5('{int(salt)}' || '|' || {text})"
+        text = " || '|' || ".join(f"CAST({column} AS VARCHAR)" for column in columns)
+        return (), f"MD5('{int(salt)}' || '|' || {text})"
     digest = hashlib.sha256(str(int(salt)).encode()).digest()
-    multiplier, offset, square, final = (
-        1 + int.from_bytes(digest[8 * i : 8 * i + 8], "big") % (_PRIME - 1) for i in range(4)
+    multiplier, offset, square, final, second, last = (
+        1 + int.from_bytes(digest[5 * i : 5 * i + 5], "big") % (_PRIME - 1) for i in range(6)
     )
+    steps = []
     mixed = f"CAST({offset} AS BIGINT)"
-    for key, kind in zip(keys, kinds, strict=True):
+    for column, kind in zip(columns, kinds, strict=True):
         code = (
-            f"CAST({key} AS BIGINT)"
+            f"CAST({column} AS BIGINT)"
             if kind is ColumnKind.BOOLEAN
-            else f"(CAST({key} % {_PRIME} AS BIGINT) + {_PRIME}) % {_PRIME}"
+            else f"(CAST({column} % {_PRIME} AS BIGINT) + {_PRIME}) % {_PRIME}"
         )
-        mixed = f"(({mixed}) * {multiplier} + {code}) % {_PRIME}"
-    mixed = f"((({mixed}) * ({mixed}) + {square}) % {_PRIME})"
-    return f"(({mixed}) * {final} + {offset}) % {_PRIME}"
+        step = f"(({mixed}) * {multiplier} + {code}) % {_PRIME}"
+        steps.append(f"(({step}) * ({step}) + {square}) % {_PRIME}")
+        mixed = "__mix"
+    spread = f"(__mix * {final} + {offset}) % {_PRIME}"
+    return tuple(steps), f"((({spread}) * ({spread}) + {second}) % {_PRIME} * {last}) % {_PRIME}"
 
 
 def _enforced(table: str, unit: str, partition: str | None) -> str:
@@ -237,23 +250,15 @@ def bounded_aggregate(
         # A unit's cells in salted-hash order: the first max_groups_per_unit are kept, and rows'
         # worth is handed out in that order until max_rows_per_unit is used up.
         key_list = ", ".join(keys)
-        kinds = [shape.columns[c] for c in shape.group_by]
-        order, ordered = _salted_order(keys, kinds, salt), "cells"
-        if not _integral(kinds):
-            # MD5 once per distinct key rather than once per cell, and the window sorts an
-            # integer: the key's rank in (MD5, key) order, which orders any two keys exactly as
-            # (MD5, key) does, whatever other keys the data holds.
-            ctes.append(
-                f"orders AS (SELECT {key_list}, ROW_NUMBER() OVER (ORDER BY {order}, {key_list}) "
-                f"AS __order FROM (SELECT DISTINCT {key_list} FROM cells) AS __keys)"
-            )
-            on = " AND ".join(f"cells.{k} = orders.{k}" for k in keys)
-            ctes.append(
-                f"ordered AS (SELECT cells.*, orders.__order FROM cells JOIN orders ON {on})"
-            )
-            order, ordered = "__order", "ordered"
-        order_by = f"PARTITION BY __unit ORDER BY {order}, {key_list}"
+        kinds = [shape.columns[bounds.unit], *(shape.columns[c] for c in shape.group_by)]
+        steps, order = _salted_order(["__unit", *keys], kinds, salt)
         # The window carries only what the final aggregation reads (the sort moves every column).
+        carried = ", ".join(["__unit", *keys, "__rows", *cells_of.values()])
+        ordered = "cells"
+        for index, step in enumerate(steps):
+            ctes.append(f"mixed{index} AS (SELECT {carried}, {step} AS __mix FROM {ordered})")
+            ordered = f"mixed{index}"
+        order_by = f"PARTITION BY __unit ORDER BY {order}, {key_list}"
         columns = ", ".join([*keys, "__rows", *cells_of.values()])
         # One sort of every unit's cells: splitting off the units that cannot exceed a bound
         # costs a second pass and a join, which is slower whenever many units do exceed one.

@@ -590,3 +590,56 @@ def test_generated_sql_transpiles_to_other_dialects(dialect: str) -> None:
             assert isinstance(parsed, exp.Expression)
             if dialect == "spark":
                 assert "`x`" in sql
+
+
+# --- which groups a unit keeps: a choice per person, not per key (issue 17 item 1) -------------
+
+
+@pytest.mark.parametrize(
+    ("unit_type", "key_type"),
+    [("BIGINT", "BIGINT"), ("VARCHAR", "BIGINT"), ("BIGINT", "VARCHAR"), ("VARCHAR", "DATE")],
+)
+def test_each_person_keeps_its_own_random_group(
+    connection: duckdb.DuckDBPyConnection, unit_type: str, key_type: str
+) -> None:
+    """4,000 persons with one row in each of 8 groups and max_groups_per_unit = 1: every group
+    keeps about 4,000/8 = 500 of them (binomial sd 20.9; tolerance 5 sd per group and a
+    chi-square over the 8 groups below 24.3, its 0.001 quantile with 7 degrees of freedom). An
+    order of the key alone keeps all 4,000 in one group."""
+    persons, groups = 4_000, 8
+    connection.execute(
+        f"CREATE OR REPLACE TABLE t AS SELECT CAST(p AS {unit_type}) AS u, "
+        f"CAST(CASE WHEN '{key_type}' = 'DATE' THEN CAST(DATE '1983-01-01' + CAST(y AS INTEGER) "
+        f"AS VARCHAR) ELSE CAST(1983 + y AS VARCHAR) END AS {key_type}) AS g "
+        f"FROM range({persons}) a(p), range({groups}) b(y)"
+    )
+    shape = _shape("SELECT g, COUNT(*) FROM t GROUP BY g", {"t": {"u": unit_type, "g": key_type}})
+    expected = persons / groups
+    sd = math.sqrt(persons * (1 / groups) * (1 - 1 / groups))
+    for salt in SALTS:
+        counts = _run(connection, shape, [ROWS], Bounds("u", 1, 1, 1), salt=salt)["n"].to_numpy()
+        assert counts.size == groups and counts.sum() == persons
+        assert np.all(np.abs(counts - expected) < 5 * sd), (salt, counts.tolist())
+        assert float(((counts - expected) ** 2 / expected).sum()) < 24.3, (salt, counts.tolist())
+
+
+def test_the_kept_group_of_a_person_depends_on_their_own_rows_only(
+    connection: duckdb.DuckDBPyConnection,
+) -> None:
+    """Adding other persons (with other units and keys) never changes what one person keeps."""
+    connection.execute(
+        "CREATE OR REPLACE TABLE t AS SELECT p AS u, 1983 + y AS g FROM range(50) a(p), "
+        "range(8) b(y)"
+    )
+    shape = _shape("SELECT g, COUNT(*) FROM t GROUP BY g", {"t": {"u": "BIGINT", "g": "BIGINT"}})
+    alone = {}
+    for person in range(50):
+        connection.execute(f"CREATE OR REPLACE TABLE one AS SELECT * FROM t WHERE u = {person}")
+        solo = _shape(
+            "SELECT g, COUNT(*) FROM one GROUP BY g", {"one": {"u": "BIGINT", "g": "BIGINT"}}
+        )
+        frame = _run(connection, solo, [ROWS], Bounds("u", 1, 1, 1), salt=11)
+        alone[person] = int(frame.loc[frame["n"] > 0, "g"].iloc[0])
+    together = _by_group(_run(connection, shape, [ROWS], Bounds("u", 1, 1, 1), salt=11), "g", "n")
+    assert together == {g: list(alone.values()).count(g) for g in set(alone.values())}
+    assert len(together) > 1
