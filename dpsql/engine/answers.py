@@ -173,6 +173,7 @@ def key_answer(
         "domain": spec.domain,
         "max_groups_per_unit": plan.bounds.max_groups_per_unit,
         "max_rows_per_group": plan.bounds.max_rows_per_group,
+        "max_rows_per_unit": plan.bounds.max_rows_per_unit,
         "confidence": plan.confidence,
         "rng": rng,
     }
@@ -187,6 +188,8 @@ def key_answer(
             **common,
         )
         released = structure.threshold
+    # What was charged and shown in EXPLAIN is what was used (else the one after-charge failure).
+    assert (released.scale, released.tau) == (spec.scale, spec.tau)
     shown, seed = _shown_keys(released, hashed=spec.hashed, rng=rng)
     lower, upper = released.lower, released.upper
     names = list(plan.shape.column_names)

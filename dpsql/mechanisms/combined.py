@@ -143,6 +143,7 @@ def release(
     domain: threshold.Domain | None = None,
     max_groups_per_unit: int = 1,
     max_rows_per_group: int = 1,
+    max_rows_per_unit: int | None = None,
     alpha: float | Fraction = alp.DEFAULT_ALPHA,
     s: int | None = None,
     rows_per_key: float = alp.DEFAULT_ROWS_PER_KEY,
@@ -180,6 +181,7 @@ def release(
         delta=delta,
         max_groups_per_unit=max_groups_per_unit,
         max_rows_per_group=max_rows_per_group,
+        max_rows_per_unit=max_rows_per_unit,
         domain=domain,
         expected_false_positives=expected_false_positives,
         seed=seed if hashed_domain else None,
@@ -207,6 +209,7 @@ def release(
         size_fraction=size_fraction,
         max_groups_per_unit=max_groups_per_unit,
         max_rows_per_group=max_rows_per_group,
+        max_rows_per_unit=max_rows_per_unit,
         rng=rng,
     )
     return CombinedRelease(

@@ -9,9 +9,9 @@ with sqlglot to the backend's dialect. Inside the database it:
 4. bounds contributions on the cells: a cell with more than ``max_rows_per_group`` rows is scaled
    down to that many rows' worth (every measure of the cell multiplied by ``kept / rows``); when
    the key domain is larger than ``max_groups_per_unit``, or ``max_rows_per_unit`` could bind, one
-   window over each unit's cells in a salted order of (unit, key) keeps its first ``max_groups_per_unit``
-   groups and hands out ``max_rows_per_unit`` rows' worth in that order (counts stay exact
-   integers); scaled sums are truncated toward zero;
+   window over each unit's cells in a salted order of (unit, key) keeps its first
+   ``max_groups_per_unit`` groups and hands out ``max_rows_per_unit`` rows' worth in that order
+   (counts stay exact integers); scaled sums are truncated toward zero;
 5. aggregates per group, so only one row per group leaves the database.
 
 Scaling a cell is the expectation of keeping a uniformly random subset of its rows, and it bounds
@@ -247,8 +247,8 @@ def bounded_aggregate(
         bounds.max_rows_per_unit < min(domain, bounds.max_groups_per_unit) * per_group
     )
     if rank_groups or cap_unit:
-        # A unit's cells in salted (unit, key) order: the first max_groups_per_unit are kept, and rows'
-        # worth is handed out in that order until max_rows_per_unit is used up.
+        # A unit's cells in salted (unit, key) order: the first max_groups_per_unit are kept, and
+        # rows' worth is handed out in that order until max_rows_per_unit is used up.
         key_list = ", ".join(keys)
         kinds = [shape.columns[bounds.unit], *(shape.columns[c] for c in shape.group_by)]
         steps, order = _salted_order(["__unit", *keys], kinds, salt)

@@ -1,0 +1,100 @@
+"""Answers an analyst can trust when contribution bounds bind (issue 17).
+
+Each person keeps their own random groups (the bounded count of every group is an unbiased share),
+the noise of a key release is the one EXPLAIN and the ledger record, and the intervals cover the
+bounded quantity they name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpsql.engine.session import database_ledger
+from tests.conftest import make_database, seeded_connect
+
+PANEL_POLICY = """
+[dataset]
+epsilon = 1000.0
+delta = 1e-3
+[analysts.alice]
+epsilon = 1000.0
+delta = 1e-3
+[tables.panel]
+privacy_unit = "person"
+max_groups_per_unit = {groups}
+max_rows_per_group = {rows}
+max_rows_per_unit = {per_unit}
+[tables.panel.columns.year]
+public_keys = [1980, 1981, 1982, 1983, 1984, 1985, 1986, 1987]
+"""
+
+
+def _panel(tmp_path: Path, persons: int, rows_per_year: int, groups: int, rows: int,
+           per_unit: int) -> Path:
+    """``persons`` persons, each with ``rows_per_year`` rows in each of 8 years; ``url`` takes
+    8 values per person-year row (no public keys)."""
+    person = np.repeat(np.arange(persons), 8 * rows_per_year)
+    year = np.tile(np.repeat(np.arange(1980, 1988), rows_per_year), persons)
+    url = np.array([f"/page{i % 8}" for i in range(person.size)], dtype=object)
+    frame = pd.DataFrame({"person": person, "year": year, "url": url})
+    policy = PANEL_POLICY.format(groups=groups, rows=rows, per_unit=per_unit)
+    return make_database(tmp_path / "panel.duckdb", {"panel": frame}, policy)
+
+
+# --- item 1: each person keeps their own groups ------------------------------------------------
+
+
+def test_every_year_is_estimated_without_bias_when_one_group_per_person(tmp_path: Path) -> None:
+    """545 persons × 8 years, max_groups_per_unit = 1: each year's count estimates 545/8 = 68.1
+    (binomial sd 7.7, noise sd 1.4 at ε = 1); over 10 queries the mean per year is within 4 sd
+    (2.5) of 68.1 and the 8 years sum to about 545. Before, one year got about 545 and the
+    others about 0."""
+    database = _panel(tmp_path, 545, 1, groups=1, rows=1, per_unit=1)
+    sql = "SELECT year, COUNT(*) AS n FROM panel GROUP BY year"
+    runs = []
+    with seeded_connect(database, analyst="alice", rng=np.random.default_rng(17)) as db:
+        for _ in range(10):
+            runs.append([row[1] for row in db.execute(sql, epsilon=1.0).rows])
+    counts = np.array(runs, dtype=float)
+    assert np.all(np.abs(counts.mean(axis=0) - 545 / 8) < 4 * 7.8 / np.sqrt(10))
+    assert np.all(counts > 30)
+    assert abs(counts.sum(axis=1).mean() - 545) < 15
+
+
+# --- item 3: the noise used is the noise recorded ----------------------------------------------
+
+
+@pytest.mark.parametrize("mechanism", ["threshold", "alp"])
+def test_key_release_noise_scale_is_the_one_explained_and_recorded(
+    tmp_path: Path, mechanism: str
+) -> None:
+    """8 groups × 8 rows per group but 8 rows per person: Δ = min(64, 8) = 8, so at ε = 0.3 the
+    threshold's noise scale is 26.67 (the combined structure's threshold gets ε/2: 53.33)."""
+    database = _panel(tmp_path, 1000, 1, groups=8, rows=8, per_unit=8)
+    sql = "SELECT url, COUNT(*) AS n FROM panel GROUP BY url"
+    with seeded_connect(database, analyst="alice", rng=np.random.default_rng(3)) as db:
+        explained = db.explain(sql, epsilon=0.3, delta=1e-5, mechanism=mechanism)
+        result = db.execute(sql, epsilon=0.3, delta=1e-5, mechanism=mechanism)
+    release = explained["plan"]["key_release"]
+    expected = 8 / 0.3 if mechanism == "threshold" else 8 / 0.15
+    assert release["noise_scale"] == pytest.approx(expected, rel=1e-6)
+    assert release["l1_sensitivity"] == 8
+    assert result.noise_scale["n"] == release["noise_scale"]
+    assert explained["plan"]["measurements"][0]["noise_scale"] == release["noise_scale"]
+    entry = database_ledger(database)[-1]
+    (leaf,) = entry["payload"]["events"]
+    params = leaf["params"]
+    assert params["noise_scale"] == release["noise_scale"]
+    assert params["tau"] == release["tau"] == entry["plan"]["key_release"]["tau"]
+    # τ is shown before anything is spent, with the smallest counts released at 50% and 95%.
+    assert release["smallest_count_released_half_the_time"] == release["tau"]
+    assert release["smallest_count_released_with_probability_0.95"] > release["tau"]
+    # 8,000 rows, 1,000 per url and person-bounded counts of 1,000: τ (about 370 with Δ = 8; it
+    # was about 2,800 with Δ = 64) lets every url through.
+    if mechanism == "threshold":
+        assert release["tau"] < 400
+        assert sorted(row[0] for row in result.rows) == [f"/page{i}" for i in range(8)]
