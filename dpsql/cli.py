@@ -73,6 +73,8 @@ def print_result(
     print_table(title, columns, rows[:max_rows])
     if max_rows is not None and len(rows) > max_rows:
         console.print(f"... {len(rows)} rows in all (first {max_rows} shown)")
+    for name, measured in result.measures.items():
+        console.print(f"{name} measures: {measured}")
     console.print(
         f"spent epsilon={result.epsilon:g} delta={result.delta:g} "
         f"({result.mechanism}); intervals are {result.confidence:.0%} confidence; "

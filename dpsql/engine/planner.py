@@ -21,7 +21,7 @@ from dpsql.errors import ParameterError, PolicyError, SchemaError, UnsupportedQu
 from dpsql.mechanisms import combined, svt, threshold
 from dpsql.mechanisms.laplace import MAX_GRID, choose_grid, noise_scale
 from dpsql.sql.generate import Bounds, Measure, MeasureKind
-from dpsql.sql.shape import AggregateKind, ColumnKind, QueryShape
+from dpsql.sql.shape import AggregateKind, ColumnKind, GroupKey, QueryShape
 
 __all__ = ["MAX_GROUPS", "MeasurementPlan", "QueryPlan", "key_literal", "plan_query"]
 
@@ -235,6 +235,55 @@ class QueryPlan:
             for m in self.measurements
         )
 
+    def per_person(self) -> str:
+        """How much of one person's rows a bounded aggregate keeps, in words."""
+        bounds = self.bounds
+        if self.range_queries is not None:
+            return f"each person's rows weighted to at most {bounds.max_rows_per_unit} in all"
+        if not self.shape.group_by:
+            return f"at most {bounds.max_rows_per_unit} per person"
+        text = (
+            f"at most {bounds.max_rows_per_group} per person per group, in at most "
+            f"{bounds.max_groups_per_unit} groups per person"
+        )
+        if bounds.max_rows_per_unit < bounds.max_groups_per_unit * bounds.max_rows_per_group:
+            text += f", at most {bounds.max_rows_per_unit} per person in all"
+        return text
+
+    def measures(self) -> dict[str, str]:
+        """What each noisy output column measures: the *bounded* quantity its interval covers,
+        which differs from the plain SQL answer whenever a person exceeds a bound."""
+        per_person = self.per_person()
+        described: dict[str, str] = {}
+        for output in self.shape.outputs:
+            if isinstance(output, GroupKey):
+                continue
+            column = output.column
+            rules = None if column is None else self.table.column(column)
+            clamp = (
+                "automatic bounds (see details)"
+                if self.auto_bounds is not None or rules is None or rules.bounds is None
+                else f"[{rules.bounds[0]:g}, {rules.bounds[1]:g}]"
+            )
+            if output.kind is AggregateKind.COUNT:
+                what = "rows" if column is None else f"rows with a non-NULL {column}"
+                text = f"{what}, {per_person}"
+            elif output.kind is AggregateKind.SUM:
+                text = f"sum of {column} clamped to {clamp}, over rows {per_person}"
+            else:
+                text = (
+                    f"mean of {column} clamped to {clamp} (bounded sum / bounded count), over "
+                    f"rows {per_person}"
+                )
+            if self.key_release is not None:
+                text += (
+                    f"; only keys whose noisy count reaches tau = {self.key_release.tau} are shown"
+                )
+            if self.range_queries is not None:
+                text = f"rows in the range, {per_person}"
+            described[output.name] = text
+        return described
+
     def summary(self) -> dict[str, Any]:
         """What the ledger and EXPLAIN show: table, grouping, bounds and each measurement."""
         return {
@@ -255,6 +304,7 @@ class QueryPlan:
             ),
             "mechanism": self.mechanism,
             "reason": self.reason,
+            "measures": self.measures(),
             "having": (
                 None
                 if self.shape.having is None

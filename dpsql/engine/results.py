@@ -31,6 +31,10 @@ class QueryResult(BaseModel):
     ledger_entry: int
     details: dict[str, Any] = {}
     """Mechanism-specific facts, e.g. the sparse vector technique's accuracy bound."""
+    measures: dict[str, str] = {}
+    """What each noisy column measures, e.g. "rows, at most 1 per person per group, in at most 5
+    groups per person": the bounded quantity its interval covers (not the plain SQL answer when
+    a person exceeds a contribution bound)."""
 
     def to_pandas(self, *, intervals: bool = False) -> pd.DataFrame:
         """The rows as a DataFrame; with ``intervals=True`` also ``<col>_low``/``<col>_high``."""
@@ -55,6 +59,7 @@ class QueryResult(BaseModel):
             "analyst": self.analyst,
             "ledger_entry": self.ledger_entry,
             "details": self.details,
+            "measures": self.measures,
         }
 
 

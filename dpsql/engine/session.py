@@ -384,7 +384,12 @@ class Session:
         return answer
 
     def _answer(self, plan: QueryPlan, entry: LedgerEntry) -> QueryResult:
-        """Read the charged plan's aggregates and release them."""
+        """Read the charged plan's aggregates and release them, saying what they measure."""
+        answer, released = self._released(plan, entry)
+        return answer.model_copy(update={"measures": released.measures()})
+
+    def _released(self, plan: QueryPlan, entry: LedgerEntry) -> tuple[QueryResult, QueryPlan]:
+        """The answer and the plan it was released under (automatic bounds re-plan)."""
         progress = self.progress if self.progress is not None else no_progress
         if plan.range_queries is not None:
             groups = self._read(public_groups(plan.shape, self.backend.dialect), "reading groups")
@@ -399,7 +404,7 @@ class Session:
             progress(ADDING_NOISE, None)
             answer = range_answer(plan, groups, counts, entry, rng=self.rng, analyst=self.analyst)
             progress(DONE, 1.0)
-            return answer
+            return answer, plan
         details: dict[str, Any] = {}
         if plan.auto_bounds is not None:
             plan, details = self._with_automatic_bounds(plan)
@@ -419,11 +424,11 @@ class Session:
             if structure is not None:
                 self._store_synopsis(plan, entry, structure)
             progress(DONE, 1.0)
-            return answer
+            return answer, plan
         progress(ADDING_NOISE, None)
         result = laplace_answer(plan, frame, entry, rng=self.rng, analyst=self.analyst)
         progress(DONE, 1.0)
-        return result.model_copy(update={"details": details}) if details else result
+        return (result.model_copy(update={"details": details}) if details else result), plan
 
     def _read(self, sql: str, stage: str = READING_DATA) -> pd.DataFrame:
         """The backend's rows for generated ``sql``, reported as ``stage`` (with the backend's
