@@ -15,6 +15,7 @@ import click
 from dpsql.cli_output import console, db_option, print_csv, print_table
 from dpsql.cli_progress import progress_display, progress_option
 from dpsql.cli_publish import register as register_publish
+from dpsql.engine import contributions as contribution_defaults
 from dpsql.engine import demo as demo_data
 from dpsql.engine.results import BudgetReport, QueryResult
 from dpsql.engine.session import (
@@ -193,6 +194,48 @@ def explain(
             sql, epsilon=epsilon, delta=delta, mechanism=mechanism, max_answers=max_answers
         )
         click.echo(json.dumps(report, indent=2))
+
+
+@cli.command()
+@db_option
+@click.option("--analyst", required=True, help="Analyst whose allocation is charged.")
+@click.option("--table", required=True, help="A table of the policy.")
+@click.option(
+    "--group-by", "group_by", multiple=True, help="Group column(s) whose groups are counted."
+)
+@click.option(
+    "--epsilon",
+    type=float,
+    default=None,
+    help=f"Epsilon spent (default {contribution_defaults.DEFAULT_EPSILON}).",
+)
+@click.option(
+    "--suggest", is_flag=True, help="Noisy histograms and suggested bounds instead of counts."
+)
+@click.option("--coverage", type=float, default=0.95, show_default=True)
+@_format
+def contributions(
+    database: str,
+    analyst: str,
+    table: str,
+    group_by: tuple[str, ...],
+    epsilon: float | None,
+    suggest: bool,
+    coverage: float,
+    output_format: str,
+) -> None:
+    """How much the contribution bounds cut a table (noisy counts of persons over each bound),
+    or --suggest bounds from noisy histograms; charged like any query."""
+    with connect(database, analyst=analyst) as session:
+        result = session.contributions(
+            table, group_by=group_by, epsilon=epsilon, suggest=suggest, coverage=coverage
+        )
+    print_result(result, output_format)
+    if suggest and output_format == "table":
+        for key, value in result.details["suggested"].items():
+            current = result.details["current"][key]
+            shown = "none (too few persons)" if value is None else value
+            console.print(f"suggested {key} = {shown} (policy: {current})")
 
 
 @cli.command()

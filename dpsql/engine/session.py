@@ -8,6 +8,7 @@ charge charges nothing; once charged, the charge stands even if the answer is lo
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from dpsql.accountant.limits import Limits
 from dpsql.accountant.units import Cost, check_budget_value
 from dpsql.engine.answers import key_answer, laplace_answer, range_answer
 from dpsql.engine.backends import Backend, DuckDBBackend
+from dpsql.engine.contributions import contribution_answer, plan_contributions
 from dpsql.engine.literals import Binder, BoundShape
 from dpsql.engine.planner import (
     AUTO_BOUND_EXPONENTS,
@@ -59,6 +61,7 @@ from dpsql.sql.analyze import analyze
 from dpsql.sql.generate import (
     bounded_aggregate,
     clipping_profile,
+    contribution_profile,
     public_groups,
     range_counts,
     ranges_per_group,
@@ -374,14 +377,47 @@ class Session:
             mechanism=plan.mechanism,
             partition=plan.partition,
         )
-        answer = None
-        with contextlib.suppress(Exception):
-            answer = self._answer(plan, entry)
-        if answer is None:
-            # Whether, where and why a charged query fails may depend on the rows it read: every
-            # failure is the same message, raised outside the handler so no chain carries more.
-            raise ExecutionError(FAILED_AFTER_CHARGE)
-        return answer
+        return _after_charge(lambda: self._answer(plan, entry))
+
+    def contributions(
+        self,
+        table: str,
+        *,
+        group_by: Sequence[str] = (),
+        epsilon: float | None = None,
+        suggest: bool = False,
+        coverage: float = 0.95,
+    ) -> QueryResult:
+        """How much the policy's contribution bounds cut ``table``, privately: noisy counts of the
+        persons and of those over each bound (or, with ``suggest``, noisy histograms of each
+        person's rows, groups and largest group, and the smallest powers of two covering
+        ``coverage`` of the persons in ``details["suggested"]``). Charged like any query, at
+        ``epsilon`` (default ``contributions.DEFAULT_EPSILON`` = 0.1)."""
+        self.policy = self._load_policy()
+        plan = plan_contributions(
+            self.policy,
+            self._visible_catalog(),
+            table,
+            group_by=group_by,
+            epsilon=epsilon,
+            suggest=suggest,
+            coverage=coverage,
+        )
+        entry = self._ledger.charge(
+            analyst=self.analyst,
+            event=plan.event,
+            query=plan.query,
+            plan=plan.summary(),
+            mechanism="discrete_laplace",
+        )
+        profile = contribution_profile(
+            plan.table, bounds=plan.bounds, group_by=plan.group_by, dialect=self.backend.dialect
+        )
+        return _after_charge(
+            lambda: contribution_answer(
+                plan, self._read(profile), entry, rng=self.rng, analyst=self.analyst
+            )
+        )
 
     def _answer(self, plan: QueryPlan, entry: LedgerEntry) -> QueryResult:
         """Read the charged plan's aggregates and release them, saying what they measure."""
@@ -621,6 +657,18 @@ class Session:
         """This analyst's own ledger entries, oldest first (the whole ledger is the
         administrator's and the auditor's: ``database_ledger``)."""
         return [e.to_dict() for e in self._ledger.entries() if e.analyst == self.analyst]
+
+
+def _after_charge(work: Callable[[], QueryResult]) -> QueryResult:
+    """``work()``, or the one data-independent ``ExecutionError`` whatever went wrong: whether,
+    where and why a charged query fails may depend on the rows it read. The error is raised
+    outside the handler, so no exception chain carries more."""
+    answer = None
+    with contextlib.suppress(Exception):
+        answer = work()
+    if answer is None:
+        raise ExecutionError(FAILED_AFTER_CHARGE)
+    return answer
 
 
 def budget_report(ledger: Ledger, analyst: str | None = None) -> BudgetReport:

@@ -36,11 +36,14 @@ from sqlglot import exp
 from dpsql.sql.shape import ColumnKind, QueryShape
 
 __all__ = [
+    "PROFILE_EDGES",
+    "PROFILE_STATISTICS",
     "Bounds",
     "Measure",
     "MeasureKind",
     "bounded_aggregate",
     "clipping_profile",
+    "contribution_profile",
     "public_groups",
     "range_counts",
     "ranges_per_group",
@@ -405,5 +408,58 @@ def clipping_profile(
         f"FROM {_enforced(shape.table, unit, partition)} WHERE {' AND '.join(conditions)}), "
         f"per_unit AS (SELECT __unit, {steps} FROM source GROUP BY __unit) "
         f"SELECT {totals} FROM per_unit"
+    )
+    return _in_dialect(sql, dialect)
+
+
+PROFILE_EDGES = tuple(2**b for b in range(31))
+"""Bins of a person's contribution profile: ``[1, 1], (1, 2], (2, 4], ..., (2**29, 2**30]`` and
+``> 2**30``; each person falls in exactly one bin of each statistic."""
+
+PROFILE_STATISTICS = ("rows_per_unit", "groups_per_unit", "rows_per_group")
+"""Per person: rows in all, distinct groups, and rows in their largest group."""
+
+
+def contribution_profile(
+    table: str,
+    *,
+    bounds: Bounds,
+    group_by: Sequence[str],
+    dialect: str = "duckdb",
+) -> str:
+    """SQL returning one row: ``persons``; per statistic, ``over_<statistic>`` (persons above the
+    policy's bound) and ``<statistic>_<i>`` (persons in bin i of ``PROFILE_EDGES``). Every column
+    counts each person at most once, so each moves by at most 1 between neighbours. The rows are
+    those a bounded aggregate reads (each unit in its one partition); GROUP BY keys, NULL
+    included, are the groups."""
+    unit = _identifier(bounds.unit)
+    keys = [f"{_identifier(c)} AS __key{i}" for i, c in enumerate(group_by)]
+    key_list = ", ".join(["__unit", *(f"__key{i}" for i in range(len(group_by)))])
+    source = ", ".join([f"{unit} AS __unit", *keys])
+    limits = {
+        "rows_per_unit": bounds.max_rows_per_unit,
+        "groups_per_unit": bounds.max_groups_per_unit,
+        "rows_per_group": bounds.max_rows_per_group,
+    }
+    counted = ["COUNT(*) AS persons"]
+    for statistic in PROFILE_STATISTICS:
+        counted.append(
+            f"SUM(CASE WHEN __{statistic} > {int(limits[statistic])} THEN 1 ELSE 0 END) "
+            f"AS over_{statistic}"
+        )
+        low = 0
+        for index, edge in enumerate((*PROFILE_EDGES, None)):
+            inside = f"__{statistic} > {low}"
+            if edge is not None:
+                inside += f" AND __{statistic} <= {edge}"
+            counted.append(f"SUM(CASE WHEN {inside} THEN 1 ELSE 0 END) AS {statistic}_{index}")
+            low = edge or low
+    sql = (
+        f"WITH source AS (SELECT {source} FROM {_enforced(table, bounds.unit, bounds.partition)} "
+        f"WHERE {unit} IS NOT NULL), "
+        f"cells AS (SELECT __unit, COUNT(*) AS __rows FROM source GROUP BY {key_list}), "
+        "units AS (SELECT __unit, SUM(__rows) AS __rows_per_unit, COUNT(*) AS __groups_per_unit, "
+        "MAX(__rows) AS __rows_per_group FROM cells GROUP BY __unit) "
+        f"SELECT {', '.join(counted)} FROM units"
     )
     return _in_dialect(sql, dialect)

@@ -7,12 +7,14 @@ bounded quantity they name.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
+import dpsql
 from dpsql.engine.session import database_ledger
 from tests.conftest import make_database, seeded_connect
 
@@ -134,3 +136,61 @@ def test_intervals_cover_the_bounded_quantity_they_name(tmp_path: Path) -> None:
         explained = db.explain(overall, epsilon=0.5)
         assert explained["plan"]["measures"] == result.measures
     assert np.mean(covered_grouped) >= 0.92 and np.mean(covered_overall) >= 0.92
+
+
+# --- item 2: how much bounding cuts, and suggested bounds, privately ---------------------------
+
+
+def test_contribution_report_counts_persons_over_each_bound_and_is_charged(
+    tmp_path: Path,
+) -> None:
+    """545 persons × 8 years, 1 row each, bounds 1/1/1: every person is over the rows and groups
+    bounds, none over rows per group. At ε = 2 (0.5 per count, noise sd 2.8) each count is within
+    its interval, and the ledger charges ε = 2 under the analyst."""
+    database = _panel(tmp_path, 545, 1, groups=1, rows=1, per_unit=1)
+    with seeded_connect(database, analyst="alice", rng=np.random.default_rng(5)) as db:
+        report = db.contributions("panel", group_by=["year"], epsilon=2.0)
+        entries = db.ledger()
+    truth = {
+        "persons": 545,
+        "persons over max_rows_per_unit": 545,
+        "persons over max_groups_per_unit": 545,
+        "persons over max_rows_per_group": 0,
+    }
+    for (label, value), (low, high) in zip(report.rows, report.intervals["persons"], strict=True):
+        assert low <= truth[label] <= high and abs(value - truth[label]) < 20
+    assert entries[-1]["query"] == "CONTRIBUTIONS FOR panel GROUP BY year"
+    assert entries[-1]["epsilon"] == pytest.approx(2.0)
+    assert report.epsilon == pytest.approx(2.0)
+
+
+def test_suggested_bounds_cover_the_persons(tmp_path: Path) -> None:
+    """300 persons with 3 rows in each of 8 years (24 rows, 8 groups, 3 per group): the smallest
+    powers of two covering 95% are 32, 8 and 4."""
+    database = _panel(tmp_path, 300, 3, groups=1, rows=1, per_unit=1)
+    with seeded_connect(database, analyst="alice", rng=np.random.default_rng(6)) as db:
+        out = db.contributions("panel", group_by=["year"], epsilon=1.0, suggest=True)
+    assert out.details["suggested"] == {
+        "max_rows_per_unit": 32,
+        "max_groups_per_unit": 8,
+        "max_rows_per_group": 4,
+    }
+
+
+@pytest.mark.parametrize(
+    ("table", "changes", "message"),
+    [
+        ("nope", {}, "not covered by the privacy policy"),
+        ("panel", {"group_by": ["missing"]}, "'missing' is not a column"),
+        ("panel", {"coverage": 1.5}, "coverage must be in (0, 1)"),
+        ("panel", {"epsilon": -1.0}, "epsilon"),
+    ],
+)
+def test_bad_contribution_requests_charge_nothing(
+    tmp_path: Path, table: str, changes: dict, message: str
+) -> None:
+    database = _panel(tmp_path, 10, 1, groups=1, rows=1, per_unit=1)
+    with dpsql.connect(database, analyst="alice") as db:
+        with pytest.raises(dpsql.DpsqlError, match=re.escape(message)):
+            db.contributions(table, **changes)
+        assert db.ledger() == []
