@@ -19,7 +19,7 @@ from dpsql.accountant.events import Event, PostProcessingEvent, total
 from dpsql.accountant.ledger import Ledger, LedgerEntry
 from dpsql.accountant.limits import Limits
 from dpsql.accountant.units import Cost, check_budget_value
-from dpsql.engine.answers import key_answer, laplace_answer, range_answer
+from dpsql.engine.answers import ALP_ROWS_PER_KEY, key_answer, laplace_answer, range_answer
 from dpsql.engine.backends import Backend, DuckDBBackend
 from dpsql.engine.contributions import contribution_answer, plan_contributions
 from dpsql.engine.literals import Binder, BoundShape
@@ -558,6 +558,11 @@ class Session:
                         "tau": int(structure.threshold.tau),
                         "seed": structure.seed,
                         "split": structure.split,
+                        "contribution_bounds": {
+                            "max_groups_per_unit": plan.bounds.max_groups_per_unit,
+                            "max_rows_per_group": plan.bounds.max_rows_per_group,
+                            "max_rows_per_unit": plan.bounds.max_rows_per_unit,
+                        },
                     },
                     data=structure.to_bytes(),
                 )
@@ -607,8 +612,9 @@ class Session:
         shape, normalized = shaped
         release = CombinedRelease.from_bytes(synopsis.data)
         keys = np.array(query.keys, dtype=object if isinstance(query.keys[0], str) else None)
-        values = release.lookup(keys)
-        released = release.released(keys)
+        answer = release.answer(
+            keys, confidence=self.policy.dataset.confidence, keys_per_row=1 / ALP_ROWS_PER_KEY
+        )
         event = PostProcessingEvent(f"synopsis:{synopsis.name}", "COUNT(*)")
         entry = self._ledger.charge(
             analyst=self.analyst,
@@ -617,18 +623,31 @@ class Session:
             plan={"synopsis": synopsis.name, "keys": list(query.keys)},
             mechanism="synopsis",
         )
-        value = float(values.sum())
-        interval: tuple[float | None, float | None] = (None, None)
-        if len(keys) == 1 and bool(released[0]):
-            half = float(release.threshold.half_width)
-            interval = (value - half, value + half)
+        value = answer.value
         (name,) = shape.column_names
         return QueryResult(
             columns=[name],
             rows=[(int(value) if value.is_integer() else value,)],
-            intervals={name: [interval]},
+            intervals={name: [(answer.lower, answer.upper)]},
             noise_scale={name: float(release.threshold.scale)},
-            confidence=release.threshold.confidence,
+            confidence=self.policy.dataset.confidence,
+            details={
+                "released_by_threshold": answer.released.tolist(),
+                "tau": int(release.threshold.tau),
+                "unreleased_count_at_most": answer.unreleased_ceiling,
+                "sketch_expected_error_bound": answer.sketch_error_bound,
+                "sketch_beats_zero": answer.sketch_beats_zero,
+                "guarantee": "a key the threshold released: its noisy count, ± the noise's "
+                "half-width; a key it did not: true count in [0, unreleased_count_at_most] (the "
+                "ALP estimate is clamped into it), expected error at most "
+                "sketch_expected_error_bound if the table has at most expected_keys keys "
+                "(Aumüller, Lebeda, Pagh, full version); when sketch_beats_zero is false, 0 is "
+                "as good an answer for such keys",
+            },
+            measures={
+                name: f"rows with the key(s), {_synopsis_bounds(synopsis)}, as bounded when the "
+                "synopsis was released"
+            },
             epsilon=0.0,
             delta=0.0,
             mechanism=f"synopsis:{synopsis.name}",
@@ -657,6 +676,17 @@ class Session:
         """This analyst's own ledger entries, oldest first (the whole ledger is the
         administrator's and the auditor's: ``database_ledger``)."""
         return [e.to_dict() for e in self._ledger.entries() if e.analyst == self.analyst]
+
+
+def _synopsis_bounds(synopsis: Synopsis) -> str:
+    bounds = synopsis.params.get("contribution_bounds")
+    if not bounds:
+        return "per the policy's contribution bounds"
+    return (
+        f"at most {bounds['max_rows_per_group']} per person per key, in at most "
+        f"{bounds['max_groups_per_unit']} keys per person, at most "
+        f"{bounds['max_rows_per_unit']} per person in all"
+    )
 
 
 def _after_charge(work: Callable[[], QueryResult]) -> QueryResult:

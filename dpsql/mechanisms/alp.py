@@ -223,6 +223,27 @@ class ALPSketch:
         """The value of one unary step, ``α'·Δ/ε``: estimates are multiples of it over averages."""
         return float(self.alpha) * self.sensitivity / self.projection_epsilon
 
+    def expected_error_bound(self, keys_per_row: float) -> float:
+        """Upper bound on the expected per-entry error ``E|x_i - x̃_i|`` of :meth:`estimate`.
+
+        The full version's bound (our reading, ``docs/sparse_histograms.md``):
+        ``(1/2 + (4α+4)/α² + (4γ+4)/γ²) · α'Δ/ε`` with ``γ = (α+2)/(1 + α·k/s) − 2``, where
+        ``keys_per_row`` is ``k/s`` (non-zero keys per sketch row; collisions grow with it).
+        Infinite when ``γ <= 0`` (too many keys for the rows). It bounds an average over the
+        randomness, not every answer; values above β are estimated as about β.
+
+        >>> sketch = project(["a"], [3], epsilon=1.0, s=64, seed=1,
+        ...                  rng=np.random.Generator(np.random.PCG64(1)))
+        >>> round(sketch.expected_error_bound(0.1) / sketch.step, 2)
+        5.06
+        """
+        alpha = float(self.alpha)
+        gamma = (alpha + 2.0) / (1.0 + alpha * float(keys_per_row)) - 2.0
+        if gamma <= 0:
+            return math.inf
+        factor = 0.5 + (4 * alpha + 4) / alpha**2 + (4 * gamma + 4) / gamma**2
+        return factor * self.step
+
     @property
     def nbytes(self) -> int:
         """Bytes of the bit array (``s·m/8``)."""
