@@ -99,6 +99,26 @@ def _number(value: float) -> str:
     return exp.Literal.number(repr(float(value))).sql(dialect="duckdb")
 
 
+_DITHER_DIGITS = 7
+"""Hex digits of the MD5 that make a unit's rounding offset: 2**28 equally likely values."""
+
+
+def _digest(unit: str, salt: int) -> str:
+    """The MD5 a unit's rounding offset is read from (a column, computed once per row)."""
+    return f"MD5('{int(salt)}' || '|dither|' || CAST({unit} AS VARCHAR))"
+
+
+def _dither(digest: str) -> str:
+    """A rounding offset in [0, 1) from the salt and the unit's own value, the same on every
+    backend: the first hex digits of ``digest``, read digit by digit (no engine's hex parser)."""
+    digits = " + ".join(
+        f"(INSTR('0123456789abcdef', SUBSTR({digest}, {i + 1}, 1)) - 1) * "
+        f"{16 ** (_DITHER_DIGITS - 1 - i)}"
+        for i in range(_DITHER_DIGITS)
+    )
+    return f"(({digits}) / {float(16**_DITHER_DIGITS)!r})"
+
+
 def _value(measure: Measure) -> str:
     column = _identifier(measure.column or "")
     if measure.clamp is None:
@@ -109,10 +129,17 @@ def _value(measure: Measure) -> str:
         # Counted, never cast: a value too large for an integer type must not fail the query.
         return f"CASE WHEN {column} IS NULL OR ISNAN({as_double}) THEN NULL ELSE 1 END"
     clamped = f"LEAST(GREATEST({as_double}, {_number(low)}), {_number(high)})"
-    # The planner keeps |bounds| / grid <= 2**52, so the rounded value always fits a BIGINT.
+    # Randomised rounding to the grid: FLOOR(x/g + U) with U uniform in [0, 1) is x/g on average
+    # (ROUND would bias heaped values, e.g. every 2,080 half-way between two grid points). It
+    # stays in [FLOOR(low/g), CEIL(high/g)], the range the planner's sensitivity counts
+    # (max(CEIL(|low|/g), CEIL(|high|/g)) units per row), and U depends on the salt and the
+    # row's own unit only, so a unit's contribution still depends on its own rows only. One U per
+    # unit and query: each row is unbiased over the salt. Division by a power of two is exact,
+    # so every backend computes the same integer. The planner keeps |bounds| / grid <= 2**52,
+    # so the value always fits a BIGINT.
     return (
         f"CASE WHEN {column} IS NULL OR ISNAN({as_double}) THEN NULL "
-        f"ELSE CAST(ROUND({clamped} / {_number(grid)}) AS BIGINT) END"
+        f"ELSE CAST(FLOOR({clamped} / {_number(grid)} + {_dither('__digest')}) AS BIGINT) END"
     )
 
 
@@ -221,6 +248,11 @@ def bounded_aggregate(
             conditions.append(f"{_identifier(column)} IS NOT NULL")
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
     source = _enforced(shape.table, bounds.unit, bounds.partition)
+    if any(m.kind is MeasureKind.SUM for m in measures):
+        # The rounding offset's MD5 once per row, read digit by digit by the values.
+        digest = _digest(_identifier(bounds.unit), salt)
+        source = f"(SELECT *, {digest} AS __digest FROM {source}{where}) AS __rows"
+        where = ""
     ctes = [f"source AS (SELECT {', '.join(select)} FROM {source}{where})"]
 
     # One cell per (unit, group): what the unit's rows add to the group, before bounding.
