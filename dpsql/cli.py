@@ -27,7 +27,7 @@ from dpsql.engine.session import (
     set_policy,
     show_policy,
 )
-from dpsql.errors import DpsqlError
+from dpsql.errors import DpsqlError, LedgerError
 
 _mechanism = click.option(
     "--mechanism",
@@ -65,7 +65,7 @@ def print_result(
     result: QueryResult, output_format: str, title: str | None = None, max_rows: int | None = None
 ) -> None:
     if output_format == "json":
-        click.echo(json.dumps(result.to_dict()))
+        click.echo(json.dumps(result.to_dict(), allow_nan=False))
         return
     columns, rows = _result_table(result)
     if output_format == "csv":
@@ -278,29 +278,80 @@ def budget(database: str, analyst: str | None, output_format: str) -> None:
 def ledger(
     context: click.Context, database: str | None, analyst: str | None, output_format: str
 ) -> None:
-    """List ledger entries (verified first); `ledger verify` checks the chain only."""
+    """List ledger entries (verified first); `ledger verify` checks the chain, `ledger head`
+    prints the newest hash. `--db` may come before or after the subcommand."""
+    context.obj = {"database": database}
     if context.invoked_subcommand is not None:
         return
-    if database is None:
-        raise click.UsageError("Missing option '--db'.")
-    entries = database_ledger(database, analyst)
+    entries = database_ledger(_ledger_database(context, None), analyst)
     if output_format == "json":
         click.echo(json.dumps(entries))
         return
-    columns = ["seq", "time", "kind", "analyst", "epsilon", "delta", "mechanism", "query"]
-    rows = [[e[c] for c in columns] for e in entries]
+    columns = [
+        "seq",
+        "time",
+        "kind",
+        "analyst",
+        "os_user",
+        "epsilon",
+        "delta",
+        "mechanism",
+        "query",
+    ]
+    rows = [[e.get(c) for c in columns] for e in entries]
     if output_format == "csv":
         print_csv(columns, rows)
     else:
         print_table("Ledger", columns, rows)
 
 
+def _ledger_database(context: click.Context, database: str | None) -> str:
+    """``--db`` given to the subcommand, or else to ``dpsql ledger`` itself."""
+    given = database or (context.obj or {}).get("database")
+    if given is None:
+        raise click.UsageError("Missing option '--db'.")
+    return given
+
+
+_ledger_db = click.option(
+    "--db", "database", default=None, type=click.Path(dir_okay=False), help="DuckDB database file."
+)
+
+
 @ledger.command("verify")
-@db_option
-def ledger_verify(database: str) -> None:
+@_ledger_db
+@click.option(
+    "--expect",
+    default=None,
+    help="A hash recorded earlier (`dpsql ledger head`): fail unless it is still in the chain, "
+    "which detects deleted newest entries.",
+)
+@click.pass_context
+def ledger_verify(context: click.Context, database: str | None, expect: str | None) -> None:
     """Verify the hash chain and every entry's total; name the first bad entry."""
-    count = len(database_ledger(database))
-    click.echo(f"ledger {ledger_path(database)} verified: {count} entries, chain intact")
+    database = _ledger_database(context, database)
+    entries = database_ledger(database)
+    if expect is not None:
+        found = next((e for e in entries if e["hash"] == expect.strip().lower()), None)
+        if found is None:
+            raise LedgerError(
+                f"hash {expect!r} is not in the ledger {str(ledger_path(database))!r}: entries "
+                "recorded after it was taken were deleted, or the ledger was replaced"
+            )
+        newer = len(entries) - entries.index(found) - 1
+        click.echo(f"the expected hash is entry {found['seq']}; {newer} entries were added since")
+    click.echo(f"ledger {ledger_path(database)} verified: {len(entries)} entries, chain intact")
+
+
+@ledger.command("head")
+@_ledger_db
+@click.pass_context
+def ledger_head(context: click.Context, database: str | None) -> None:
+    """Print the newest entry's hash (keep a copy; `verify --expect` checks it later)."""
+    entries = database_ledger(_ledger_database(context, database))
+    if not entries:
+        raise LedgerError("the ledger has no entries")
+    click.echo(entries[-1]["hash"])
 
 
 @cli.command()

@@ -359,9 +359,9 @@ class Ledger:
                     remaining = BudgetLine("", "", cap, spent).remaining
                     raise BudgetExceededError(
                         f"budget exceeded: the query needs epsilon={cost.epsilon:.10g}, "
-                        f"delta={cost.delta:.10g} but the {name} has epsilon="
+                        f"delta={cost.delta:.10g} and the {name} has epsilon="
                         f"{remaining.epsilon:.10g}, delta={remaining.delta:.10g} remaining"
-                        f"{where}"
+                        f"{where} ({_why_refused(cost, remaining)})"
                     )
             return self._append(
                 connection,
@@ -394,6 +394,31 @@ class Ledger:
             for family, value, spent in self._totals[None].per_value()
         ]
         return lines
+
+
+def _why_refused(cost: Cost, remaining: Cost) -> str:
+    """The comparison that is actually false, in exact ledger units."""
+    reasons = [
+        f"{name} {cost_value:.10g} > {left:.10g}"
+        for name, units, left_units, cost_value, left in (
+            (
+                "epsilon",
+                cost.epsilon_units,
+                remaining.epsilon_units,
+                cost.epsilon,
+                remaining.epsilon,
+            ),
+            ("delta", cost.delta_units, remaining.delta_units, cost.delta, remaining.delta),
+        )
+        if units > left_units
+    ]
+    if reasons:
+        return "; ".join(reasons)
+    return (
+        "the cost fits what remains, but the composed total with it would pass the cap: "
+        "the remaining budget is the cap minus the smaller of the basic and advanced "
+        "composition totals, and the advanced total does not grow by a query's epsilon alone"
+    )
 
 
 def _charge(analyst: str | None, cost: Cost, event: Event, partition: str | None) -> Charge:

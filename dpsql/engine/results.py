@@ -2,12 +2,29 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["BudgetReport", "BudgetStatus", "QueryResult"]
+__all__ = ["BudgetReport", "BudgetStatus", "QueryResult", "json_safe"]
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None, so ``json.dumps`` writes
+    valid JSON (``null``), in dicts, lists and tuples at any depth.
+
+    >>> json_safe({"a": [1.0, float("nan")], "b": (float("inf"), "x")})
+    {'a': [1.0, None], 'b': [None, 'x']}
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
 
 
 class QueryResult(BaseModel):
@@ -46,21 +63,24 @@ class QueryResult(BaseModel):
         return frame
 
     def to_dict(self) -> dict[str, Any]:
-        """The documented JSON layout of ``dpsql query --format json``."""
-        return {
-            "columns": self.columns,
-            "rows": [list(row) for row in self.rows],
-            "intervals": {k: [list(p) for p in v] for k, v in self.intervals.items()},
-            "confidence": self.confidence,
-            "noise_scale": self.noise_scale,
-            "epsilon_spent": self.epsilon,
-            "delta_spent": self.delta,
-            "mechanism": self.mechanism,
-            "analyst": self.analyst,
-            "ledger_entry": self.ledger_entry,
-            "details": self.details,
-            "measures": self.measures,
-        }
+        """The documented JSON layout of ``dpsql query --format json``; a value that is not a
+        finite number (an AVG's noise scale, an infinite bound) is ``None`` (JSON ``null``)."""
+        return json_safe(
+            {
+                "columns": self.columns,
+                "rows": [list(row) for row in self.rows],
+                "intervals": {k: [list(p) for p in v] for k, v in self.intervals.items()},
+                "confidence": self.confidence,
+                "noise_scale": self.noise_scale,
+                "epsilon_spent": self.epsilon,
+                "delta_spent": self.delta,
+                "mechanism": self.mechanism,
+                "analyst": self.analyst,
+                "ledger_entry": self.ledger_entry,
+                "details": self.details,
+                "measures": self.measures,
+            }
+        )
 
 
 class BudgetStatus(BaseModel):

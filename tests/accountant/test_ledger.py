@@ -549,3 +549,30 @@ def test_every_event_type_can_be_charged_and_verified(path: Path) -> None:
     assert reopened.verify() == 4
     assert _spent(reopened)["alice"] == Cost.of(0.1) + Cost.of(0.3) + Cost.of(0.2)
     reopened.close()
+
+
+# --- refusal messages state a comparison that is true (issue 17) -------------------------------
+
+
+def test_a_refusal_names_the_comparison_that_fails(tmp_path: Path) -> None:
+    """Under advanced composition, 200 charges of 0.01 spend about 0.76 of a cap of 1 (basic:
+    2.0); a charge of 0.2 is refused although 0.2 < the 0.24 shown as remaining, and the message
+    says so instead of implying 0.2 > 0.24. A delta refusal names delta."""
+    ledger = Ledger(tmp_path / "advanced.sqlite", dataset=DATASET)
+    limits = Limits(Cost.cap(1.0, 1e-5), {"alice": Cost.cap(100.0, 1e-5)}, advanced_delta=1e-6)
+    ledger.set_policy(DOCUMENT, limits)
+    try:
+        for _ in range(200):
+            _charge(ledger, epsilon=0.01)
+        with pytest.raises(BudgetExceededError) as refused:
+            _charge(ledger, epsilon=0.2)
+        message = str(refused.value)
+        needs, left = re.search(
+            r"needs epsilon=([\d.e-]+).*has epsilon=([\d.e-]+)", message
+        ).groups()
+        assert float(needs) < float(left)
+        assert "the cost fits what remains, but the composed total" in message
+        with pytest.raises(BudgetExceededError, match=r"\(delta 2e-05 > 9e-06\)"):
+            _charge(ledger, epsilon=0.001, delta=2e-5)
+    finally:
+        ledger.close()
