@@ -359,7 +359,7 @@ class Ledger:
                     remaining = BudgetLine("", "", cap, spent).remaining
                     raise BudgetExceededError(
                         f"budget exceeded: the query needs epsilon={cost.epsilon:.10g}, "
-                        f"delta={cost.delta:.10g} and the {name} has epsilon="
+                        f"delta={cost.delta:.10g} but the {name} has epsilon="
                         f"{remaining.epsilon:.10g}, delta={remaining.delta:.10g} remaining"
                         f"{where} ({_why_refused(cost, remaining)})"
                     )
