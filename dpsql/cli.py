@@ -22,6 +22,7 @@ from dpsql.engine.session import (
     connect,
     database_budget,
     database_ledger,
+    database_result,
     database_synopses,
     ledger_path,
     set_policy,
@@ -236,6 +237,22 @@ def contributions(
             current = result.details["current"][key]
             shown = "none (too few persons)" if value is None else value
             console.print(f"suggested {key} = {shown} (policy: {current})")
+
+
+@cli.command()
+@db_option
+@click.option(
+    "--analyst",
+    default=None,
+    help="Only an answer this analyst paid for; without it, any (the administrator's view).",
+)
+@_format
+@click.argument("entry", type=int)
+def result(database: str, analyst: str | None, output_format: str, entry: int) -> None:
+    """Print the answer released under ledger entry ENTRY again, for free (no new charge)."""
+    print_result(database_result(database, entry, analyst), output_format)
+    if output_format == "table":
+        console.print("fetched from the ledger's stored answers: nothing was charged again")
 
 
 @cli.command()

@@ -95,3 +95,35 @@ def test_ledger_without_db_is_a_usage_error(order: str, capsys) -> None:
     argv = ["ledger", "verify"] if order == "after" else ["ledger", "head"]
     assert main(argv) == 2
     assert "Missing option '--db'" in capsys.readouterr().err
+
+
+def test_a_released_answer_is_fetched_again_for_free_by_its_analyst_only(
+    db: str,  # noqa: F811
+    capsys,
+) -> None:
+    sql = "SELECT country, COUNT(*) AS n FROM requests GROUP BY country"
+    assert main(["query", "--db", db, "--analyst", "alice", "--format", "json", sql]) == 0
+    first = _strict_json(capsys.readouterr().out)
+    seq = first["ledger_entry"]
+    assert main(["budget", "--db", db, "--format", "json"]) == 0
+    spent = json.loads(capsys.readouterr().out)["lines"][0]["epsilon_spent"]
+    assert main(["result", "--db", db, "--analyst", "alice", "--format", "json", str(seq)]) == 0
+    assert _strict_json(capsys.readouterr().out) == first
+    assert main(["result", "--db", db, "--format", "json", str(seq)]) == 0  # administrator
+    assert _strict_json(capsys.readouterr().out) == first
+    assert main(["result", "--db", db, "--analyst", "bob", str(seq)]) == 1
+    assert f"ledger entry {seq} has no stored answer of analyst 'bob'" in capsys.readouterr().err
+    assert main(["budget", "--db", db, "--format", "json"]) == 0
+    assert json.loads(capsys.readouterr().out)["lines"][0]["epsilon_spent"] == spent
+
+
+def test_every_entry_records_the_operating_system_user(db: str, capsys) -> None:  # noqa: F811
+    import getpass
+
+    assert main(["query", "--db", db, "--analyst", "alice", "SELECT COUNT(*) FROM requests"]) == 0
+    capsys.readouterr()
+    assert main(["ledger", "--db", db, "--format", "json"]) == 0
+    entries = json.loads(capsys.readouterr().out)
+    assert [e["kind"] for e in entries] == ["policy", "charge"]
+    assert all(e["os_user"] == getpass.getuser() for e in entries)
+    assert all(e["actor"] == {"os_user": getpass.getuser()} for e in entries)

@@ -39,6 +39,7 @@ from dpsql.engine.progress import (
     relabel,
 )
 from dpsql.engine.results import BudgetReport, BudgetStatus, QueryResult
+from dpsql.engine.stored_results import ResultStore
 from dpsql.engine.synopses import (
     PointQuery,
     Synopsis,
@@ -377,7 +378,24 @@ class Session:
             mechanism=plan.mechanism,
             partition=plan.partition,
         )
-        return _after_charge(lambda: self._answer(plan, entry))
+        return _after_charge(lambda: self._kept(self._answer(plan, entry)))
+
+    def _kept(self, result: QueryResult) -> QueryResult:
+        """Store a released answer under its ledger entry (``dpsql result N``), return it."""
+        store = ResultStore(ledger_path(self.database))
+        try:
+            store.save(result)
+        finally:
+            store.close()
+        return result
+
+    def result(self, seq: int) -> QueryResult:
+        """An answer this analyst already paid for (ledger entry ``seq``), again, for free."""
+        store = ResultStore(ledger_path(self.database))
+        try:
+            return store.get(seq, self.analyst)
+        finally:
+            store.close()
 
     def contributions(
         self,
@@ -414,8 +432,10 @@ class Session:
             plan.table, bounds=plan.bounds, group_by=plan.group_by, dialect=self.backend.dialect
         )
         return _after_charge(
-            lambda: contribution_answer(
-                plan, self._read(profile), entry, rng=self.rng, analyst=self.analyst
+            lambda: self._kept(
+                contribution_answer(
+                    plan, self._read(profile), entry, rng=self.rng, analyst=self.analyst
+                )
             )
         )
 
@@ -625,7 +645,7 @@ class Session:
         )
         value = answer.value
         (name,) = shape.column_names
-        return QueryResult(
+        result = QueryResult(
             columns=[name],
             rows=[(int(value) if value.is_integer() else value,)],
             intervals={name: [(answer.lower, answer.upper)]},
@@ -654,6 +674,7 @@ class Session:
             analyst=self.analyst,
             ledger_entry=entry.seq,
         )
+        return self._kept(result)
 
     def charge(
         self, event: Event, *, query: str, plan: dict[str, Any], mechanism: str
@@ -750,6 +771,17 @@ def database_ledger(database: str | Path, analyst: str | None = None) -> list[di
     finally:
         ledger.close()
     return [e.to_dict() for e in entries if analyst is None or e.analyst == analyst]
+
+
+def database_result(database: str | Path, seq: int, analyst: str | None = None) -> QueryResult:
+    """The answer stored under ledger entry ``seq`` (the administrator's view), or with
+    ``analyst`` only if that analyst paid for it; the ledger is verified first."""
+    _open_ledger(database).close()
+    store = ResultStore(ledger_path(database))
+    try:
+        return store.get(seq, analyst)
+    finally:
+        store.close()
 
 
 def database_synopses(database: str | Path, analyst: str | None = None) -> list[dict[str, Any]]:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dpsql.accountant.events import Event, MechanismEvent, ParallelEvent, SequentialEvent, total
-from dpsql.accountant.ledger import Ledger, LedgerEntry
+from dpsql.accountant.ledger import _COLUMNS, Ledger, LedgerEntry
 from dpsql.accountant.limits import Limits
 from dpsql.accountant.units import Cost
 from dpsql.errors import BudgetExceededError, LedgerError, PolicyError, PrivacyError
@@ -576,3 +576,52 @@ def test_a_refusal_names_the_comparison_that_fails(tmp_path: Path) -> None:
             _charge(ledger, epsilon=0.001, delta=2e-5)
     finally:
         ledger.close()
+
+
+def test_entries_record_who_acted_and_older_entries_still_verify(tmp_path: Path) -> None:
+    """A ledger written before the actor column existed opens, verifies and gains the column;
+    new entries carry the operating-system user (or what ``Ledger.actor`` says) in their hash."""
+    path = tmp_path / "old.sqlite"
+    old = LedgerEntry(
+        1,
+        "2026-01-01T00:00:00",
+        "policy",
+        DATASET,
+        None,
+        None,
+        None,
+        None,
+        json.dumps({"document": DOCUMENT, "limits": _limits().to_dict()}, sort_keys=True),
+        None,
+        0,
+        0,
+        "0" * 64,
+        "",
+    )
+    old = LedgerEntry(**{**old.__dict__, "hash": old.digest()})
+    connection = sqlite3.connect(path)
+    columns = [c for c in _COLUMNS if c != "actor"]
+    connection.execute(f"CREATE TABLE entries ({', '.join(columns)})")
+    connection.execute(
+        f"INSERT INTO entries VALUES ({', '.join('?' * len(columns))})",
+        tuple(getattr(old, c) for c in columns),
+    )
+    connection.commit()
+    connection.close()
+    ledger = Ledger(path, dataset=DATASET)
+    try:
+        assert ledger.verify() == 1
+        ledger.actor = {"os_user": "ops", "token": "service-7"}
+        entry = _charge(ledger, epsilon=0.1)
+        assert json.loads(entry.actor or "") == {"os_user": "ops", "token": "service-7"}
+        assert ledger.verify() == 2
+        assert ledger.entries()[0].actor is None
+    finally:
+        ledger.close()
+    edited = sqlite3.connect(path)
+    edited.execute("DROP TRIGGER IF EXISTS entries_no_update")
+    edited.execute('UPDATE entries SET actor = \'{"os_user": "someone else"}\' WHERE seq = 2')
+    edited.commit()
+    edited.close()
+    with pytest.raises(LedgerError, match="entry 2: its contents do not match its hash"):
+        Ledger(path, dataset=DATASET)
