@@ -99,27 +99,76 @@ def _number(value: float) -> str:
     return exp.Literal.number(repr(float(value))).sql(dialect="duckdb")
 
 
-_DITHER_DIGITS = 7
-"""Hex digits of the MD5 that make a unit's rounding offset: 2**28 equally likely values."""
+_PRIME = 2_147_483_647
+"""2**31 - 1: every intermediate of the integer arithmetic stays below 2**63, so no backend
+overflows."""
+
+_HEX_DIGITS = 7
+"""Hex digits of an MD5 read as an integer code: 16**7 = 2**28 values."""
 
 
-def _digest(unit: str, salt: int) -> str:
-    """The MD5 a unit's rounding offset is read from (a column, computed once per row)."""
-    return f"MD5('{int(salt)}' || '|dither|' || CAST({unit} AS VARCHAR))"
+def _integral(kinds: Sequence[ColumnKind]) -> bool:
+    return all(kind in (ColumnKind.INTEGER, ColumnKind.BOOLEAN) for kind in kinds)
 
 
-def _dither(digest: str) -> str:
-    """A rounding offset in [0, 1) from the salt and the unit's own value, the same on every
-    backend: the first hex digits of ``digest``, read digit by digit (no engine's hex parser)."""
+def _constants(salt: int, purpose: str, count: int) -> tuple[int, ...]:
+    """``count`` integers in [1, 2**31 - 1) derived from the salt, one family per purpose."""
+    digest = hashlib.sha256(f"{int(salt)}|{purpose}".encode()).digest()
+    return tuple(
+        1 + int.from_bytes(digest[5 * i : 5 * i + 5], "big") % (_PRIME - 1) for i in range(count)
+    )
+
+
+def _integer_code(column: str, kind: ColumnKind) -> str:
+    """An integer or boolean value as an integer in [0, 2**31 - 1)."""
+    if kind is ColumnKind.BOOLEAN:
+        return f"CAST({column} AS BIGINT)"
+    return f"((CAST({column} % {_PRIME} AS BIGINT) + {_PRIME}) % {_PRIME})"
+
+
+def _md5(salt: int, purpose: str, columns: Sequence[str]) -> str:
+    """The MD5 of the salt, a purpose and the columns' text: the same on every backend."""
+    text = " || '|' || ".join(f"CAST({column} AS VARCHAR)" for column in columns)
+    return f"MD5('{int(salt)}|{purpose}|' || {text})"
+
+
+def _hex_code(digest: str) -> str:
+    """An integer in [0, 16**7) read from the first hex digits of the MD5 text ``digest``,
+    digit by digit (engines parse hex differently, or not at all)."""
     digits = " + ".join(
         f"(INSTR('0123456789abcdef', SUBSTR({digest}, {i + 1}, 1)) - 1) * "
-        f"{16 ** (_DITHER_DIGITS - 1 - i)}"
-        for i in range(_DITHER_DIGITS)
+        f"{16 ** (_HEX_DIGITS - 1 - i)}"
+        for i in range(_HEX_DIGITS)
     )
-    return f"(({digits}) / {float(16**_DITHER_DIGITS)!r})"
+    return f"({digits})"
 
 
-def _value(measure: Measure) -> str:
+def _rounding_offset(unit: str, kind: ColumnKind, salt: int) -> tuple[str | None, str]:
+    """``(digest, offset)``: the unit's rounding offset in [0, 1), an SQL expression over the
+    row (``__digest``, when not None, is the MD5 to compute once per row first)."""
+    if _integral([kind]):
+        multiplier, offset, square = _constants(salt, "dither", 3)
+        code = f"(({_integer_code(unit, kind)}) * {multiplier} + {offset}) % {_PRIME}"
+        return None, f"((({code}) * ({code}) + {square}) % {_PRIME} / {float(_PRIME)!r})"
+    return _md5(salt, "dither", [unit]), f"({_hex_code('__digest')} / {float(16**_HEX_DIGITS)!r})"
+
+
+def rounding_offset(unit: object, salt: int, *, integral: bool) -> float:
+    """The offset ``U`` the generated SQL adds before rounding a value of ``unit`` down to the
+    grid, computed in Python (a second implementation, for tests and audits).
+
+    >>> 0.0 <= rounding_offset(42, 7, integral=True) < 1.0
+    True
+    """
+    if integral:
+        multiplier, offset, square = _constants(salt, "dither", 3)
+        code = (int(unit) % _PRIME * multiplier + offset) % _PRIME
+        return ((code * code + square) % _PRIME) / _PRIME
+    digest = hashlib.md5(f"{int(salt)}|dither|{unit}".encode()).hexdigest()
+    return int(digest[:_HEX_DIGITS], 16) / 16**_HEX_DIGITS
+
+
+def _value(measure: Measure, offset: str) -> str:
     column = _identifier(measure.column or "")
     if measure.clamp is None:
         return column
@@ -139,63 +188,51 @@ def _value(measure: Measure) -> str:
     # so the value always fits a BIGINT.
     return (
         f"CASE WHEN {column} IS NULL OR ISNAN({as_double}) THEN NULL "
-        f"ELSE CAST(FLOOR({clamped} / {_number(grid)} + {_dither('__digest')}) AS BIGINT) END"
+        f"ELSE CAST(FLOOR({clamped} / {_number(grid)} + {offset}) AS BIGINT) END"
     )
 
 
-_PRIME = 2_147_483_647
-"""2**31 - 1: every intermediate of the integer order stays below 2**62, so no backend overflows."""
+def _key_code(keys: Sequence[str], kinds: Sequence[ColumnKind], salt: int) -> str:
+    """One integer code in [0, 2**31 - 1) for integer or boolean keys, from the keys alone."""
+    multipliers = _constants(salt, "key", len(keys))
+    code = _integer_code(keys[0], kinds[0])
+    for key, kind, multiplier in zip(keys[1:], kinds[1:], multipliers[1:], strict=True):
+        code = f"(({code}) * {multiplier} + {_integer_code(key, kind)}) % {_PRIME}"
+    return code
 
 
-def _integral(kinds: Sequence[ColumnKind]) -> bool:
-    return all(kind in (ColumnKind.INTEGER, ColumnKind.BOOLEAN) for kind in kinds)
-
-
-def _salted_order(
-    columns: Sequence[str], kinds: Sequence[ColumnKind], salt: int
-) -> tuple[tuple[str, ...], str]:
+def _salted_order(unit_code: str, key_code: str, salt: int) -> tuple[tuple[str, ...], str]:
     """A salted pseudo-random order of a unit's cells that every backend computes identically.
 
-    ``columns`` are the privacy unit and the group keys. The order is a function of the unit,
-    the key and the salt alone, so which groups a unit keeps depends on its own rows only, and
-    since the unit is mixed in, different persons keep different groups: with
-    ``max_groups_per_unit = 1`` and persons spanning 8 groups, each group keeps about 1/8 of the
-    persons. Nothing in the order is a rank or a count over the data (a rank would make one
-    unit's choice depend on which other units or keys exist). Engines' own hash functions differ
-    (DuckDB's ``HASH`` is not Spark's murmur3 ``HASH``), so the order uses portable arithmetic:
-    when the unit and every key are integer or boolean, they are mixed modulo ``2**31 - 1`` with
-    multipliers derived from the salt (a square after each column and two more rounds, so the
-    order of any one unit's keys is a degree-4 polynomial in the key, no longer a shifted linear
-    one); otherwise by the MD5 of their text. Ties are broken by the keys themselves. Float keys
-    print differently on some engines (DuckDB ``1e+20``, Spark ``1.0E20``), so their order may
-    differ between engines.
+    ``unit_code`` and ``key_code`` are integers in [0, 2**31 - 1) that depend on the unit's and
+    the key's own values and the salt only (never a rank or a count over the data, which would
+    make one unit's choice depend on which other units or keys exist). They are mixed modulo
+    ``2**31 - 1`` with multipliers from the salt, squaring after the unit and after the key, then
+    once more: for one unit, the order of its keys is a degree-4 polynomial of the key code, so
+    different persons keep different groups (with ``max_groups_per_unit = 1`` and persons
+    spanning 8 groups, each group keeps about 1/8 of them), while which groups one unit keeps
+    depends on its own rows only. Engines' own hash functions differ (DuckDB's ``HASH`` is not
+    Spark's murmur3 ``HASH``), hence portable integer arithmetic, and MD5 for the codes of other
+    types (see ``bounded_aggregate``). Ties are broken by the keys themselves.
 
     Returns the steps and the order: each step is the next value of a column ``__mix`` computed
     from the previous one (so no expression repeats a longer one), and the order reads the last.
 
-    >>> _salted_order(["__unit", "__key0"], [ColumnKind.STRING, ColumnKind.STRING], 7)[1]
-    "MD5('7' || '|' || CAST(__unit AS VARCHAR) || '|' || CAST(__key0 AS VARCHAR))"
+    >>> steps, order = _salted_order("__unit", "__key0", 7)
+    >>> len(steps), order.count("__mix")
+    (2, 2)
     """
-    if not _integral(kinds):
-        text = " || '|' || ".join(f"CAST({column} AS VARCHAR)" for column in columns)
-        return (), f"MD5('{int(salt)}' || '|' || {text})"
-    digest = hashlib.sha256(str(int(salt)).encode()).digest()
-    multiplier, offset, square, final, second, last = (
-        1 + int.from_bytes(digest[5 * i : 5 * i + 5], "big") % (_PRIME - 1) for i in range(6)
+    unit_multiplier, unit_offset, unit_square, key_multiplier, key_square = _constants(
+        salt, "order", 5
     )
-    steps = []
-    mixed = f"CAST({offset} AS BIGINT)"
-    for column, kind in zip(columns, kinds, strict=True):
-        code = (
-            f"CAST({column} AS BIGINT)"
-            if kind is ColumnKind.BOOLEAN
-            else f"(CAST({column} % {_PRIME} AS BIGINT) + {_PRIME}) % {_PRIME}"
-        )
-        step = f"(({mixed}) * {multiplier} + {code}) % {_PRIME}"
-        steps.append(f"(({step}) * ({step}) + {square}) % {_PRIME}")
-        mixed = "__mix"
+    final, offset, second, last = _constants(salt, "spread", 4)
+    step = f"(({unit_code}) * {unit_multiplier} + {unit_offset}) % {_PRIME}"
+    by_unit = f"(({step}) * ({step}) + {unit_square}) % {_PRIME}"
+    step = f"(__mix * {key_multiplier} + ({key_code})) % {_PRIME}"
+    by_key = f"(({step}) * ({step}) + {key_square}) % {_PRIME}"
     spread = f"(__mix * {final} + {offset}) % {_PRIME}"
-    return tuple(steps), f"((({spread}) * ({spread}) + {second}) % {_PRIME} * {last}) % {_PRIME}"
+    order = f"((({spread}) * ({spread}) + {second}) % {_PRIME} * {last}) % {_PRIME}"
+    return (by_unit, by_key), order
 
 
 def _enforced(table: str, unit: str, partition: str | None) -> str:
@@ -231,8 +268,11 @@ def bounded_aggregate(
     keys = [f"__key{i}" for i in range(len(shape.group_by))]
     select = [f"{_identifier(bounds.unit)} AS __unit"]
     select += [f"{_identifier(c)} AS {k}" for c, k in zip(shape.group_by, keys, strict=True)]
+    digest, offset = _rounding_offset(
+        _identifier(bounds.unit), shape.columns[bounds.unit], salt
+    )
     select += [
-        f"{_value(m)} AS __value{i}"
+        f"{_value(m, offset)} AS __value{i}"
         for i, m in enumerate(measures)
         if m.kind is not MeasureKind.ROWS
     ]
@@ -248,9 +288,8 @@ def bounded_aggregate(
             conditions.append(f"{_identifier(column)} IS NOT NULL")
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
     source = _enforced(shape.table, bounds.unit, bounds.partition)
-    if any(m.kind is MeasureKind.SUM for m in measures):
+    if digest is not None and any(m.kind is MeasureKind.SUM for m in measures):
         # The rounding offset's MD5 once per row, read digit by digit by the values.
-        digest = _digest(_identifier(bounds.unit), salt)
         source = f"(SELECT *, {digest} AS __digest FROM {source}{where}) AS __rows"
         where = ""
     ctes = [f"source AS (SELECT {', '.join(select)} FROM {source}{where})"]
@@ -285,13 +324,41 @@ def bounded_aggregate(
         # A unit's cells in salted (unit, key) order: the first max_groups_per_unit are kept, and
         # rows' worth is handed out in that order until max_rows_per_unit is used up.
         key_list = ", ".join(keys)
-        kinds = [shape.columns[bounds.unit], *(shape.columns[c] for c in shape.group_by)]
-        steps, order = _salted_order(["__unit", *keys], kinds, salt)
+        unit_kind = shape.columns[bounds.unit]
+        key_kinds = [shape.columns[c] for c in shape.group_by]
         # The window carries only what the final aggregation reads (the sort moves every column).
-        carried = ", ".join(["__unit", *keys, "__rows", *cells_of.values()])
+        carried = ["__unit", *keys, "__rows", *cells_of.values()]
         ordered = "cells"
+        if _integral(key_kinds):
+            key_code = _key_code(keys, key_kinds, salt)
+        else:
+            # MD5 once per distinct key, read as an integer code (of the key alone), joined on.
+            digests = f"SELECT {key_list}, {_md5(salt, 'key', keys)} AS __keydigest FROM "
+            ctes.append(
+                f"key_codes AS (SELECT {key_list}, {_hex_code('__keydigest')} AS __keycode "
+                f"FROM ({digests}(SELECT DISTINCT {key_list} FROM cells) AS __keys) "
+                "AS __digests)"
+            )
+            on = " AND ".join(f"cells.{k} = key_codes.{k}" for k in keys)
+            ctes.append(
+                f"coded AS (SELECT cells.*, key_codes.__keycode FROM cells JOIN key_codes ON {on})"
+            )
+            carried.append("__keycode")
+            key_code, ordered = "__keycode", "coded"
+        if _integral([unit_kind]):
+            unit_code = _integer_code("__unit", unit_kind)
+        else:
+            ctes.append(
+                f"digested AS (SELECT {', '.join(carried)}, "
+                f"{_md5(salt, 'unit', ['__unit'])} AS __unitdigest FROM {ordered})"
+            )
+            carried.append("__unitdigest")
+            unit_code, ordered = _hex_code("__unitdigest"), "digested"
+        steps, order = _salted_order(unit_code, key_code, salt)
         for index, step in enumerate(steps):
-            ctes.append(f"mixed{index} AS (SELECT {carried}, {step} AS __mix FROM {ordered})")
+            ctes.append(
+                f"mixed{index} AS (SELECT {', '.join(carried)}, {step} AS __mix FROM {ordered})"
+            )
             ordered = f"mixed{index}"
         order_by = f"PARTITION BY __unit ORDER BY {order}, {key_list}"
         columns = ", ".join([*keys, "__rows", *cells_of.values()])

@@ -8,7 +8,6 @@ of the per-unit answers: a unit's contribution depends on its own rows only.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -21,7 +20,7 @@ import sqlglot
 from sqlglot import exp
 
 from dpsql.sql.analyze import analyze
-from dpsql.sql.generate import Bounds, Measure, MeasureKind, bounded_aggregate
+from dpsql.sql.generate import Bounds, Measure, MeasureKind, bounded_aggregate, rounding_offset
 from dpsql.sql.parse import parse
 from dpsql.sql.shape import QueryShape
 
@@ -72,11 +71,10 @@ def _by_group(frame: pd.DataFrame, key: str, measure: str) -> dict[Any, int]:
     return {k: int(v) for k, v in zip(frame[key], frame[measure], strict=True)}
 
 
-def _rounded(value: float, grid: float, unit: object, salt: int = 0) -> int:
-    """Randomised rounding as documented: ``floor(value / grid + U)``, with U read from the first
-    7 hex digits of ``MD5('<salt>|dither|<unit>')`` (computed here with hashlib)."""
-    digest = hashlib.md5(f"{salt}|dither|{unit}".encode()).hexdigest()
-    return math.floor(value / grid + int(digest[:7], 16) / 16**7)
+def _rounded(value: float, grid: float, unit: int, salt: int = 0) -> int:
+    """Randomised rounding as documented, ``floor(value / grid + U)``, with the unit's offset U
+    from ``rounding_offset`` (the offset's Python implementation; the SQL is the other)."""
+    return math.floor(value / grid + rounding_offset(unit, salt, integral=True))
 
 
 ROWS = Measure("n", MeasureKind.ROWS)
@@ -666,3 +664,17 @@ def test_sums_are_rounded_to_the_grid_without_bias(connection: duckdb.DuckDBPyCo
     ]
     assert abs(float(np.mean(means)) - 32.5) < 0.02
     assert all(32 <= m <= 33 for m in means)
+
+
+def test_text_units_round_with_their_md5_offset(connection: duckdb.DuckDBPyConnection) -> None:
+    """A text unit's offset is read from MD5('<salt>|dither|<unit>'), the same in Python."""
+    rows = [(f"person-{i}", 0.3 + i) for i in range(20)]
+    catalog = _create(connection, "t", {"u": "VARCHAR", "x": "DOUBLE"}, rows)
+    shape = _shape("SELECT SUM(x) FROM t", catalog)
+    measures = [Measure("s", MeasureKind.SUM, "x", (0.0, 100.0, 0.5))]
+    for salt in SALTS[:3]:
+        result = _run(connection, shape, measures, Bounds("u", 1, 1, 1), salt=salt)
+        expected = sum(
+            math.floor(x / 0.5 + rounding_offset(u, salt, integral=False)) for u, x in rows
+        )
+        assert int(result["s"].iloc[0]) == expected
