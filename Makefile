@@ -1,20 +1,25 @@
-# Two entry points: `make demo` and `make test`. Each creates .venv and installs dpsql from
-# pyproject.toml (with its test extras) when needed. `make serve` runs the demo, then serves it.
+# Two entry points: `make demo` and `make test`. Each creates .venv when needed; the demo installs
+# only what dpsql needs to run, the tests add the test extras (pyspark, pyarrow, scipy, ...).
+# `make serve` builds the demo, then serves it.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
 .PHONY: demo test bench install serve browser
 
-$(BIN)/.installed: pyproject.toml
+$(BIN)/.installed-run: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+$(BIN)/.installed-test: $(BIN)/.installed-run
 	$(BIN)/python -m pip install --quiet -e '.[test]'
 	touch $@
 
-install: $(BIN)/.installed
+install: $(BIN)/.installed-test
 
-demo: $(BIN)/.installed
+demo: $(BIN)/.installed-run
 	$(BIN)/dpsql demo
 
 # The console's browser test drives Debian's chromium; install it when apt can (as root), else
@@ -24,12 +29,12 @@ browser:
 		&& (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
 		|| echo "chromium not installed: the console's browser test will be skipped"; }
 
-test: $(BIN)/.installed browser
+test: $(BIN)/.installed-test browser
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 
-serve: $(BIN)/.installed
+serve: $(BIN)/.installed-run
 	$(BIN)/dpsql demo --serve
 
-bench: $(BIN)/.installed
+bench: $(BIN)/.installed-test
 	$(BIN)/python benchmarks/bench_engine.py

@@ -17,18 +17,20 @@ from dpsql.cli_progress import progress_display, progress_option
 from dpsql.cli_publish import register as register_publish
 from dpsql.cli_serve import register as register_serve
 from dpsql.cli_serve import serve_demo
+from dpsql.engine import contributions as contribution_defaults
 from dpsql.engine import demo as demo_data
 from dpsql.engine.results import LEDGER_COLUMNS, BudgetReport, QueryResult
 from dpsql.engine.session import (
     connect,
     database_budget,
     database_ledger,
+    database_result,
     database_synopses,
     ledger_path,
     set_policy,
     show_policy,
 )
-from dpsql.errors import DpsqlError
+from dpsql.errors import DpsqlError, LedgerError
 
 _mechanism = click.option(
     "--mechanism",
@@ -56,7 +58,7 @@ def print_result(
     result: QueryResult, output_format: str, title: str | None = None, max_rows: int | None = None
 ) -> None:
     if output_format == "json":
-        click.echo(json.dumps(result.to_dict()))
+        click.echo(json.dumps(result.to_dict(), allow_nan=False))
         return
     columns, rows = result.interval_table()
     if output_format == "csv":
@@ -65,6 +67,8 @@ def print_result(
     print_table(title, columns, rows[:max_rows])
     if max_rows is not None and len(rows) > max_rows:
         console.print(f"... {len(rows)} rows in all (first {max_rows} shown)")
+    for name, measured in result.measures.items():
+        console.print(f"{name} measures: {measured}")
     console.print(
         f"spent epsilon={result.epsilon:g} delta={result.delta:g} "
         f"({result.mechanism}); intervals are {result.confidence:.0%} confidence; "
@@ -109,7 +113,7 @@ def print_ledger(entries: list[dict[str, Any]], output_format: str) -> None:
     if output_format == "json":
         click.echo(json.dumps(entries))
         return
-    rows = [[e[c] for c in LEDGER_COLUMNS] for e in entries]
+    rows = [[e.get(c) for c in LEDGER_COLUMNS] for e in entries]
     if output_format == "csv":
         print_csv(LEDGER_COLUMNS, rows)
     else:
@@ -210,6 +214,64 @@ def explain(
 
 @cli.command()
 @db_option
+@click.option("--analyst", required=True, help="Analyst whose allocation is charged.")
+@click.option("--table", required=True, help="A table of the policy.")
+@click.option(
+    "--group-by", "group_by", multiple=True, help="Group column(s) whose groups are counted."
+)
+@click.option(
+    "--epsilon",
+    type=float,
+    default=None,
+    help=f"Epsilon spent (default {contribution_defaults.DEFAULT_EPSILON}).",
+)
+@click.option(
+    "--suggest", is_flag=True, help="Noisy histograms and suggested bounds instead of counts."
+)
+@click.option("--coverage", type=float, default=0.95, show_default=True)
+@_format
+def contributions(
+    database: str,
+    analyst: str,
+    table: str,
+    group_by: tuple[str, ...],
+    epsilon: float | None,
+    suggest: bool,
+    coverage: float,
+    output_format: str,
+) -> None:
+    """How much the contribution bounds cut a table (noisy counts of persons over each bound),
+    or --suggest bounds from noisy histograms; charged like any query."""
+    with connect(database, analyst=analyst) as session:
+        result = session.contributions(
+            table, group_by=group_by, epsilon=epsilon, suggest=suggest, coverage=coverage
+        )
+    print_result(result, output_format)
+    if suggest and output_format == "table":
+        for key, value in result.details["suggested"].items():
+            current = result.details["current"][key]
+            shown = "none (too few persons)" if value is None else value
+            console.print(f"suggested {key} = {shown} (policy: {current})")
+
+
+@cli.command()
+@db_option
+@click.option(
+    "--analyst",
+    default=None,
+    help="Only an answer this analyst paid for; without it, any (the administrator's view).",
+)
+@_format
+@click.argument("entry", type=int)
+def result(database: str, analyst: str | None, output_format: str, entry: int) -> None:
+    """Print the answer released under ledger entry ENTRY again, for free (no new charge)."""
+    print_result(database_result(database, entry, analyst), output_format)
+    if output_format == "table":
+        console.print("fetched from the ledger's stored answers: nothing was charged again")
+
+
+@cli.command()
+@db_option
 @click.option("--analyst", default=None, help="Only the synopses this analyst may use.")
 @_format
 def synopses(database: str, analyst: str | None, output_format: str) -> None:
@@ -239,20 +301,61 @@ def budget(database: str, analyst: str | None, output_format: str) -> None:
 def ledger(
     context: click.Context, database: str | None, analyst: str | None, output_format: str
 ) -> None:
-    """List ledger entries (verified first); `ledger verify` checks the chain only."""
+    """List ledger entries (verified first); `ledger verify` checks the chain, `ledger head`
+    prints the newest hash. `--db` may come before or after the subcommand."""
+    context.obj = {"database": database}
     if context.invoked_subcommand is not None:
         return
-    if database is None:
+    print_ledger(database_ledger(_ledger_database(context, None), analyst), output_format)
+
+
+def _ledger_database(context: click.Context, database: str | None) -> str:
+    """``--db`` given to the subcommand, or else to ``dpsql ledger`` itself."""
+    given = database or (context.obj or {}).get("database")
+    if given is None:
         raise click.UsageError("Missing option '--db'.")
-    print_ledger(database_ledger(database, analyst), output_format)
+    return given
+
+
+_ledger_db = click.option(
+    "--db", "database", default=None, type=click.Path(dir_okay=False), help="DuckDB database file."
+)
 
 
 @ledger.command("verify")
-@db_option
-def ledger_verify(database: str) -> None:
+@_ledger_db
+@click.option(
+    "--expect",
+    default=None,
+    help="A hash recorded earlier (`dpsql ledger head`): fail unless it is still in the chain, "
+    "which detects deleted newest entries.",
+)
+@click.pass_context
+def ledger_verify(context: click.Context, database: str | None, expect: str | None) -> None:
     """Verify the hash chain and every entry's total; name the first bad entry."""
-    count = len(database_ledger(database))
-    click.echo(f"ledger {ledger_path(database)} verified: {count} entries, chain intact")
+    database = _ledger_database(context, database)
+    entries = database_ledger(database)
+    if expect is not None:
+        found = next((e for e in entries if e["hash"] == expect.strip().lower()), None)
+        if found is None:
+            raise LedgerError(
+                f"hash {expect!r} is not in the ledger {str(ledger_path(database))!r}: entries "
+                "recorded after it was taken were deleted, or the ledger was replaced"
+            )
+        newer = len(entries) - entries.index(found) - 1
+        click.echo(f"the expected hash is entry {found['seq']}; {newer} entries were added since")
+    click.echo(f"ledger {ledger_path(database)} verified: {len(entries)} entries, chain intact")
+
+
+@ledger.command("head")
+@_ledger_db
+@click.pass_context
+def ledger_head(context: click.Context, database: str | None) -> None:
+    """Print the newest entry's hash (keep a copy; `verify --expect` checks it later)."""
+    entries = database_ledger(_ledger_database(context, database))
+    if not entries:
+        raise LedgerError("the ledger has no entries")
+    click.echo(entries[-1]["hash"])
 
 
 @cli.command()

@@ -269,7 +269,7 @@ def _accept_remote(command: click.Command, remote: Callable[..., None]) -> None:
     def callback(url: str | None, token: str | None, **options: Any) -> Any:
         context = click.get_current_context()
         if isinstance(command, click.Group) and context.invoked_subcommand is not None:
-            return None
+            return local(**options)  # the group's own set-up (e.g. --db for its subcommands)
         given = context.get_parameter_source("url") == ParameterSource.COMMANDLINE
         if options.get("database") is None and url is not None:
             if token is None:

@@ -10,8 +10,10 @@ and a ledger that fails verification, or cannot be read, stops all queries (fail
 from __future__ import annotations
 
 import datetime as dt
+import getpass
 import hashlib
 import json
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -26,7 +28,7 @@ from dpsql.accountant.partitions import Totals
 from dpsql.accountant.units import Cost
 from dpsql.errors import BudgetExceededError, LedgerError, PolicyError
 
-__all__ = ["BudgetLine", "Ledger", "LedgerEntry"]
+__all__ = ["BudgetLine", "Ledger", "LedgerEntry", "current_actor"]
 
 _GENESIS = "0" * 64
 _TABLE = """
@@ -44,7 +46,8 @@ CREATE TABLE IF NOT EXISTS entries (
     epsilon_units INTEGER NOT NULL,
     delta_units INTEGER NOT NULL,
     prev_hash TEXT NOT NULL,
-    hash TEXT NOT NULL
+    hash TEXT NOT NULL,
+    actor TEXT
 )"""
 _TRIGGERS = (
     """CREATE TRIGGER IF NOT EXISTS entries_no_update BEFORE UPDATE ON entries
@@ -69,7 +72,18 @@ _COLUMNS = (
     "delta_units",
     "prev_hash",
     "hash",
+    "actor",
 )
+
+
+def current_actor() -> dict[str, Any]:
+    """Who is acting, as recorded in every new entry: the operating-system user (the HTTP
+    service adds its token's name through ``Ledger.actor``)."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = f"uid {os.getuid()}" if hasattr(os, "getuid") else "unknown"
+    return {"os_user": user}
 
 
 @dataclass(frozen=True)
@@ -90,6 +104,9 @@ class LedgerEntry:
     delta_units: int
     prev_hash: str
     hash: str
+    actor: str | None = None
+    """JSON of who acted (``{"os_user": ...}``, plus what the service adds); None in entries
+    written before it was recorded, which then hash exactly as they did."""
 
     @property
     def cost(self) -> Cost:
@@ -97,7 +114,11 @@ class LedgerEntry:
 
     def digest(self) -> str:
         """The hash this entry must carry: SHA-256 over every other field."""
-        fields = {k: v for k, v in asdict(self).items() if k != "hash"}
+        fields = {
+            k: v
+            for k, v in asdict(self).items()
+            if k != "hash" and not (k == "actor" and v is None)
+        }
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
     def to_dict(self) -> dict[str, Any]:
@@ -107,6 +128,8 @@ class LedgerEntry:
         data["partition"] = json.loads(self.partition) if self.partition else None
         data["epsilon"] = self.cost.epsilon
         data["delta"] = self.cost.delta
+        data["actor"] = json.loads(self.actor) if self.actor else None
+        data["os_user"] = (data["actor"] or {}).get("os_user")
         return data
 
 
@@ -140,11 +163,17 @@ class Ledger:
         self._cache: list[Charge] = []
         self._totals: dict[str | None, Totals] = {None: Totals()}
         self._seen = 0
+        self.actor: dict[str, Any] | None = None
+        """Who acts through this ledger, when not the default ``current_actor()``: the seam
+        through which a service records its token with every entry."""
         try:
             self._connection = sqlite3.connect(self.path, timeout=60, isolation_level=None)
             self._connection.execute("PRAGMA journal_mode=WAL")
             self._connection.execute("PRAGMA synchronous=FULL")
             self._connection.executescript(_SCHEMA)
+            columns = {row[1] for row in self._connection.execute("PRAGMA table_info(entries)")}
+            if "actor" not in columns:
+                self._connection.execute("ALTER TABLE entries ADD COLUMN actor TEXT")
         except sqlite3.DatabaseError as error:
             raise LedgerError(
                 f"ledger {str(self.path)!r} is unreadable ({error}); "
@@ -216,8 +245,15 @@ class Ledger:
         ).fetchone()
         seq, previous = (last[0] + 1, last[1]) if last else (1, _GENESIS)
         time = dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
+        actor = json.dumps(self.actor or current_actor(), sort_keys=True)
         draft = LedgerEntry(
-            seq=seq, time=time, dataset=self.dataset, prev_hash=previous, hash="", **fields
+            seq=seq,
+            time=time,
+            dataset=self.dataset,
+            prev_hash=previous,
+            hash="",
+            actor=actor,
+            **fields,
         )
         entry = LedgerEntry(**{**asdict(draft), "hash": draft.digest()})
         connection.execute(
@@ -381,7 +417,7 @@ class Ledger:
                         f"budget exceeded: the query needs epsilon={cost.epsilon:.10g}, "
                         f"delta={cost.delta:.10g} but the {name} has epsilon="
                         f"{remaining.epsilon:.10g}, delta={remaining.delta:.10g} remaining"
-                        f"{where}",
+                        f"{where} ({_why_refused(cost, remaining)})",
                         requested={"epsilon": cost.epsilon, "delta": cost.delta},
                         remaining={"epsilon": remaining.epsilon, "delta": remaining.delta},
                     )
@@ -434,6 +470,31 @@ def _allow_token_entries(connection: sqlite3.Connection) -> None:
     connection.execute("DROP TABLE entries_before_tokens")
     for trigger in _TRIGGERS:
         connection.execute(trigger)
+
+
+def _why_refused(cost: Cost, remaining: Cost) -> str:
+    """The comparison that is actually false, in exact ledger units."""
+    reasons = [
+        f"{name} {cost_value:.10g} > {left:.10g}"
+        for name, units, left_units, cost_value, left in (
+            (
+                "epsilon",
+                cost.epsilon_units,
+                remaining.epsilon_units,
+                cost.epsilon,
+                remaining.epsilon,
+            ),
+            ("delta", cost.delta_units, remaining.delta_units, cost.delta, remaining.delta),
+        )
+        if units > left_units
+    ]
+    if reasons:
+        return "; ".join(reasons)
+    return (
+        "the cost fits what remains, but the composed total with it would pass the cap: "
+        "the remaining budget is the cap minus the smaller of the basic and advanced "
+        "composition totals, and the advanced total does not grow by a query's epsilon alone"
+    )
 
 
 def _charge(analyst: str | None, cost: Cost, event: Event, partition: str | None) -> Charge:

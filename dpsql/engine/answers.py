@@ -173,6 +173,7 @@ def key_answer(
         "domain": spec.domain,
         "max_groups_per_unit": plan.bounds.max_groups_per_unit,
         "max_rows_per_group": plan.bounds.max_rows_per_group,
+        "max_rows_per_unit": plan.bounds.max_rows_per_unit,
         "confidence": plan.confidence,
         "rng": rng,
     }
@@ -187,6 +188,8 @@ def key_answer(
             **common,
         )
         released = structure.threshold
+    # What was charged and shown in EXPLAIN is what was used (else the one after-charge failure).
+    assert (released.scale, released.tau) == (spec.scale, spec.tau)
     shown, seed = _shown_keys(released, hashed=spec.hashed, rng=rng)
     lower, upper = released.lower, released.upper
     names = list(plan.shape.column_names)
@@ -322,7 +325,10 @@ def _ratio(
     high: float,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """AVG = noisy SUM / noisy COUNT, clamped to the bounds; the interval joins the two
-    (1+c)/2 intervals (union bound), so it covers with probability at least c."""
+    (1+c)/2 intervals (union bound), so it covers with probability at least c. Where the count's
+    interval reaches below one row (an empty group, say) nothing rules out any mean: the
+    interval is the whole bounds and the value their midpoint, not whichever bound the ratio of
+    two noisy numbers happens to hit."""
     values = np.clip(sums / np.maximum(counts, 1), low, high)
     count_low = counts - count_half
     count_high = counts + count_half
@@ -335,6 +341,7 @@ def _ratio(
     )
     lower = np.where(count_low >= 1, np.clip(corners.min(axis=0), low, high), low)
     upper = np.where(count_low >= 1, np.clip(corners.max(axis=0), low, high), high)
+    values = np.where(count_low >= 1, values, (low + high) / 2)
     return values, lower, upper
 
 

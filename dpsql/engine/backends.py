@@ -122,9 +122,7 @@ class DuckDBBackend:
                 "read_only=True and dpsql.engine.backends.DUCKDB_CONFIG"
             ) from None
         except duckdb.Error as error:
-            raise ExecutionError(
-                f"cannot open database {str(path)!r}: {type(error).__name__}"
-            ) from None
+            raise ExecutionError(f"cannot open database {str(path)!r}: {_why(error)}") from None
         return connection
 
     def _open_with_sources(self, config: dict[str, object]) -> duckdb.DuckDBPyConnection:
@@ -161,7 +159,7 @@ class DuckDBBackend:
         except duckdb.Error as error:
             connection.close()
             # The message may quote file contents (CSV sniffing); report only the error class.
-            raise ExecutionError(f"cannot {step}: {type(error).__name__}") from None
+            raise ExecutionError(f"cannot {step}: {_why(error)}") from None
         return connection
 
     def _check_sources_are_new(self) -> None:
@@ -294,6 +292,17 @@ def _keep_try_cast(connection: duckdb.DuckDBPyConnection) -> None:
     rows = connection.execute("SELECT name FROM duckdb_optimizers()").fetchall()
     if ("type_pushdown",) in rows:
         connection.execute("SET disabled_optimizers = 'type_pushdown'")
+
+
+def _why(error: duckdb.Error) -> str:
+    """What to tell the user about a DuckDB error opening a file: a lock held by another process
+    in plain words, else only the error's class (its message may quote file contents)."""
+    if isinstance(error, duckdb.IOException) and "lock" in str(error).lower():
+        return (
+            "another process has it open for writing (DuckDB lets one process write a file, or "
+            "several read it); close that program, e.g. a DuckDB shell or notebook, and retry"
+        )
+    return type(error).__name__
 
 
 def _string(value: str) -> str:

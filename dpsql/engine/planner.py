@@ -18,10 +18,10 @@ from dpsql.accountant.events import MechanismEvent, SequentialEvent
 from dpsql.accountant.units import Cost
 from dpsql.engine.policy import Policy, PublicKey, TablePolicy
 from dpsql.errors import ParameterError, PolicyError, SchemaError, UnsupportedQueryError
-from dpsql.mechanisms import svt, threshold
+from dpsql.mechanisms import combined, svt, threshold
 from dpsql.mechanisms.laplace import MAX_GRID, choose_grid, noise_scale
 from dpsql.sql.generate import Bounds, Measure, MeasureKind
-from dpsql.sql.shape import AggregateKind, ColumnKind, QueryShape
+from dpsql.sql.shape import AggregateKind, ColumnKind, GroupKey, QueryShape
 
 __all__ = ["MAX_GROUPS", "MeasurementPlan", "QueryPlan", "key_literal", "plan_query"]
 
@@ -62,6 +62,16 @@ class KeyRelease:
     expected_keys: int
     hashed: bool = False
     """Keys are shown as their 64-bit hashes (``key_domain = "hash64"``), whatever the delta."""
+    threshold_epsilon: float = 0.0
+    """The ε of the thresholded counts (all of it, or the combined structure's split)."""
+    l1_sensitivity: int = 1
+    """``min(max_groups_per_unit · max_rows_per_group, max_rows_per_unit)``, as everywhere."""
+    scale: Fraction = Fraction(1)
+    tau: int = 1
+
+    def released_with_probability(self, probability: float) -> int:
+        """The smallest true count released with at least ``probability``."""
+        return threshold.count_released_with_probability(self.tau, self.scale, probability)
 
 
 @dataclass(frozen=True)
@@ -194,7 +204,12 @@ class QueryPlan:
                 ("key_column", release.column),
                 ("max_groups_per_unit", self.bounds.max_groups_per_unit),
                 ("max_rows_per_group", self.bounds.max_rows_per_group),
+                ("max_rows_per_unit", self.bounds.max_rows_per_unit),
                 ("domain", None if release.domain is None else repr(release.domain)),
+                ("l1_sensitivity", release.l1_sensitivity),
+                ("threshold_epsilon", release.threshold_epsilon),
+                ("noise_scale", float(release.scale)),
+                ("tau", release.tau),
             )
             leaf = MechanismEvent(release.mechanism, self.epsilon, release.delta, m.label, params)
             return SequentialEvent((leaf,))
@@ -220,6 +235,55 @@ class QueryPlan:
             for m in self.measurements
         )
 
+    def per_person(self) -> str:
+        """How much of one person's rows a bounded aggregate keeps, in words."""
+        bounds = self.bounds
+        if self.range_queries is not None:
+            return f"each person's rows weighted to at most {bounds.max_rows_per_unit} in all"
+        if not self.shape.group_by:
+            return f"at most {bounds.max_rows_per_unit} per person"
+        text = (
+            f"at most {bounds.max_rows_per_group} per person per group, in at most "
+            f"{bounds.max_groups_per_unit} groups per person"
+        )
+        if bounds.max_rows_per_unit < bounds.max_groups_per_unit * bounds.max_rows_per_group:
+            text += f", at most {bounds.max_rows_per_unit} per person in all"
+        return text
+
+    def measures(self) -> dict[str, str]:
+        """What each noisy output column measures: the *bounded* quantity its interval covers,
+        which differs from the plain SQL answer whenever a person exceeds a bound."""
+        per_person = self.per_person()
+        described: dict[str, str] = {}
+        for output in self.shape.outputs:
+            if isinstance(output, GroupKey):
+                continue
+            column = output.column
+            rules = None if column is None else self.table.column(column)
+            clamp = (
+                "automatic bounds (see details)"
+                if self.auto_bounds is not None or rules is None or rules.bounds is None
+                else f"[{rules.bounds[0]:g}, {rules.bounds[1]:g}]"
+            )
+            if output.kind is AggregateKind.COUNT:
+                what = "rows" if column is None else f"rows with a non-NULL {column}"
+                text = f"{what}, {per_person}"
+            elif output.kind is AggregateKind.SUM:
+                text = f"sum of {column} clamped to {clamp}, over rows {per_person}"
+            else:
+                text = (
+                    f"mean of {column} clamped to {clamp} (bounded sum / bounded count), over "
+                    f"rows {per_person}"
+                )
+            if self.key_release is not None:
+                text += (
+                    f"; only keys whose noisy count reaches tau = {self.key_release.tau} are shown"
+                )
+            if self.range_queries is not None:
+                text = f"rows in the range, {per_person}"
+            described[output.name] = text
+        return described
+
     def summary(self) -> dict[str, Any]:
         """What the ledger and EXPLAIN show: table, grouping, bounds and each measurement."""
         return {
@@ -240,6 +304,7 @@ class QueryPlan:
             ),
             "mechanism": self.mechanism,
             "reason": self.reason,
+            "measures": self.measures(),
             "having": (
                 None
                 if self.shape.having is None
@@ -269,6 +334,16 @@ class QueryPlan:
                     "delta": self.key_release.delta,
                     "domain": repr(self.key_release.domain) if self.key_release.domain else None,
                     "keys_shown_as": "hashes" if self.key_release.hashed else "values",
+                    "l1_sensitivity": self.key_release.l1_sensitivity,
+                    "threshold_epsilon": self.key_release.threshold_epsilon,
+                    "noise_scale": float(self.key_release.scale),
+                    "tau": self.key_release.tau,
+                    "smallest_count_released_half_the_time": self.key_release.tau,
+                    f"smallest_count_released_with_probability_{self.confidence:g}": (
+                        self.key_release.released_with_probability(self.confidence)
+                    ),
+                    "note": "a key is released iff its noisy count reaches tau: groups with fewer "
+                    "rows (after bounding) than these counts are mostly or always missing",
                 }
             ),
             "epsilon": self.epsilon,
@@ -284,7 +359,11 @@ class QueryPlan:
                     ),
                     "grid": m.grid,
                     "noise_scale": (
-                        None if self.auto_bounds is not None else float(m.scale) * m.grid
+                        None
+                        if self.auto_bounds is not None
+                        else float(self.key_release.scale)
+                        if self.key_release is not None
+                        else float(m.scale) * m.grid
                     ),
                 }
                 for m in self.measurements
@@ -349,7 +428,7 @@ def _mechanism_option(shape: QueryShape, given: str | None) -> str | None:
 
 
 def _key_release(
-    shape: QueryShape, table: TablePolicy, delta: float, mechanism: str | None
+    shape: QueryShape, table: TablePolicy, epsilon: float, delta: float, mechanism: str | None
 ) -> KeyRelease | None:
     """The key-release plan for a GROUP BY over a column without public keys, or None."""
     private = [c for c in shape.group_by if table.column(c).public_keys is None]
@@ -398,6 +477,18 @@ def _key_release(
             f"declared key_domain in [tables.{shape.table}.columns.{column}] for pure DP"
         )
     chosen = _MECHANISMS.get(mechanism or "") or ("threshold" if delta > 0 else "combined")
+    # The same rule as every other GROUP BY, and exactly what the mechanism will compute.
+    limits = {
+        "max_groups_per_unit": table.max_groups_per_unit,
+        "max_rows_per_group": table.max_rows_per_group,
+        "max_rows_per_unit": table.max_rows_per_unit,
+    }
+    threshold_epsilon = epsilon if chosen == "threshold" else combined.DEFAULT_SPLIT * epsilon
+    if delta > 0:
+        tau = threshold.tau_for_delta(epsilon=threshold_epsilon, delta=delta, **limits)
+    else:
+        assert domain is not None
+        tau = threshold.tau_for_false_positives(epsilon=threshold_epsilon, domain=domain, **limits)
     return KeyRelease(
         column,
         chosen,
@@ -405,6 +496,10 @@ def _key_release(
         domain if delta == 0 else None,
         rules.expected_keys,
         hashed=rules.key_domain == "hash64",
+        threshold_epsilon=threshold_epsilon,
+        l1_sensitivity=threshold.Contribution(*limits.values()).l1,
+        scale=threshold.noise_scale_for(epsilon=threshold_epsilon, **limits),
+        tau=tau,
     )
 
 
@@ -552,7 +647,7 @@ def plan_query(
         raise UnsupportedQueryError(
             "max_answers applies to a range JOIN with HAVING (the sparse vector technique)"
         )
-    release = _key_release(shape, table, delta, mechanism)
+    release = _key_release(shape, table, epsilon, delta, mechanism)
     converted = keys
     for column in shape.group_by:
         keys = table.column(column).public_keys

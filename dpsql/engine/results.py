@@ -10,9 +10,26 @@ from typing import Any
 import pandas as pd
 from pydantic import BaseModel, ConfigDict
 
-__all__ = ["LEDGER_COLUMNS", "BudgetReport", "BudgetStatus", "QueryResult", "csv_text"]
+__all__ = [
+    "LEDGER_COLUMNS",
+    "BudgetReport",
+    "BudgetStatus",
+    "QueryResult",
+    "csv_text",
+    "json_safe",
+]
 
-LEDGER_COLUMNS = ["seq", "time", "kind", "analyst", "epsilon", "delta", "mechanism", "query"]
+LEDGER_COLUMNS = [
+    "seq",
+    "time",
+    "kind",
+    "analyst",
+    "os_user",
+    "epsilon",
+    "delta",
+    "mechanism",
+    "query",
+]
 """The columns of a ledger listed as a table or CSV."""
 
 
@@ -23,6 +40,22 @@ def csv_text(columns: list[str], rows: list[list[Any]]) -> str:
     writer.writerow(columns)
     writer.writerows(rows)
     return buffer.getvalue()
+
+
+def json_safe(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None, so ``json.dumps`` writes
+    valid JSON (``null``), in dicts, lists and tuples at any depth.
+
+    >>> json_safe({"a": [1.0, float("nan")], "b": (float("inf"), "x")})
+    {'a': [1.0, None], 'b': [None, 'x']}
+    """
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    return value
 
 
 class QueryResult(BaseModel):
@@ -46,6 +79,10 @@ class QueryResult(BaseModel):
     ledger_entry: int
     details: dict[str, Any] = {}
     """Mechanism-specific facts, e.g. the sparse vector technique's accuracy bound."""
+    measures: dict[str, str] = {}
+    """What each noisy column measures, e.g. "rows, at most 1 per person per group, in at most 5
+    groups per person": the bounded quantity its interval covers (not the plain SQL answer when
+    a person exceeds a contribution bound)."""
 
     def to_pandas(self, *, intervals: bool = False) -> pd.DataFrame:
         """The rows as a DataFrame; with ``intervals=True`` also ``<col>_low``/``<col>_high``."""
@@ -81,23 +118,28 @@ class QueryResult(BaseModel):
             analyst=data["analyst"],
             ledger_entry=data["ledger_entry"],
             details=data.get("details", {}),
+            measures=data.get("measures", {}),
         )
 
     def to_dict(self) -> dict[str, Any]:
-        """The documented JSON layout of ``dpsql query --format json``."""
-        return {
-            "columns": self.columns,
-            "rows": [list(row) for row in self.rows],
-            "intervals": {k: [list(p) for p in v] for k, v in self.intervals.items()},
-            "confidence": self.confidence,
-            "noise_scale": self.noise_scale,
-            "epsilon_spent": self.epsilon,
-            "delta_spent": self.delta,
-            "mechanism": self.mechanism,
-            "analyst": self.analyst,
-            "ledger_entry": self.ledger_entry,
-            "details": self.details,
-        }
+        """The documented JSON layout of ``dpsql query --format json``; a value that is not a
+        finite number (an AVG's noise scale, an infinite bound) is ``None`` (JSON ``null``)."""
+        return json_safe(
+            {
+                "columns": self.columns,
+                "rows": [list(row) for row in self.rows],
+                "intervals": {k: [list(p) for p in v] for k, v in self.intervals.items()},
+                "confidence": self.confidence,
+                "noise_scale": self.noise_scale,
+                "epsilon_spent": self.epsilon,
+                "delta_spent": self.delta,
+                "mechanism": self.mechanism,
+                "analyst": self.analyst,
+                "ledger_entry": self.ledger_entry,
+                "details": self.details,
+                "measures": self.measures,
+            }
+        )
 
 
 class BudgetStatus(BaseModel):

@@ -8,6 +8,7 @@ charge charges nothing; once charged, the charge stands even if the answer is lo
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,9 @@ from dpsql.accountant.events import Event, PostProcessingEvent, total
 from dpsql.accountant.ledger import Ledger, LedgerEntry
 from dpsql.accountant.limits import Limits
 from dpsql.accountant.units import Cost, check_budget_value
-from dpsql.engine.answers import key_answer, laplace_answer, range_answer
+from dpsql.engine.answers import ALP_ROWS_PER_KEY, key_answer, laplace_answer, range_answer
 from dpsql.engine.backends import Backend, DuckDBBackend
+from dpsql.engine.contributions import contribution_answer, plan_contributions
 from dpsql.engine.literals import Binder, BoundShape
 from dpsql.engine.planner import (
     AUTO_BOUND_EXPONENTS,
@@ -37,6 +39,7 @@ from dpsql.engine.progress import (
     relabel,
 )
 from dpsql.engine.results import BudgetReport, BudgetStatus, QueryResult
+from dpsql.engine.stored_results import ResultStore
 from dpsql.engine.synopses import (
     PointQuery,
     Synopsis,
@@ -59,6 +62,7 @@ from dpsql.sql.analyze import analyze
 from dpsql.sql.generate import (
     bounded_aggregate,
     clipping_profile,
+    contribution_profile,
     public_groups,
     range_counts,
     ranges_per_group,
@@ -372,17 +376,74 @@ class Session:
             mechanism=plan.mechanism,
             partition=plan.partition,
         )
-        answer = None
-        with contextlib.suppress(Exception):
-            answer = self._answer(plan, entry)
-        if answer is None:
-            # Whether, where and why a charged query fails may depend on the rows it read: every
-            # failure is the same message, raised outside the handler so no chain carries more.
-            raise ExecutionError(FAILED_AFTER_CHARGE)
-        return answer
+        return _after_charge(lambda: self._kept(self._answer(plan, entry)))
+
+    def _kept(self, result: QueryResult) -> QueryResult:
+        """Store a released answer under its ledger entry (``dpsql result N``), return it."""
+        store = ResultStore(ledger_path(self.database))
+        try:
+            store.save(result)
+        finally:
+            store.close()
+        return result
+
+    def result(self, seq: int) -> QueryResult:
+        """An answer this analyst already paid for (ledger entry ``seq``), again, for free."""
+        store = ResultStore(ledger_path(self.database))
+        try:
+            return store.get(seq, self.analyst)
+        finally:
+            store.close()
+
+    def contributions(
+        self,
+        table: str,
+        *,
+        group_by: Sequence[str] = (),
+        epsilon: float | None = None,
+        suggest: bool = False,
+        coverage: float = 0.95,
+    ) -> QueryResult:
+        """How much the policy's contribution bounds cut ``table``, privately: noisy counts of the
+        persons and of those over each bound (or, with ``suggest``, noisy histograms of each
+        person's rows, groups and largest group, and the smallest powers of two covering
+        ``coverage`` of the persons in ``details["suggested"]``). Charged like any query, at
+        ``epsilon`` (default ``contributions.DEFAULT_EPSILON`` = 0.1)."""
+        self.policy = self._load_policy()
+        plan = plan_contributions(
+            self.policy,
+            self._visible_catalog(),
+            table,
+            group_by=group_by,
+            epsilon=epsilon,
+            suggest=suggest,
+            coverage=coverage,
+        )
+        entry = self._ledger.charge(
+            analyst=self.analyst,
+            event=plan.event,
+            query=plan.query,
+            plan=plan.summary(),
+            mechanism="discrete_laplace",
+        )
+        profile = contribution_profile(
+            plan.table, bounds=plan.bounds, group_by=plan.group_by, dialect=self.backend.dialect
+        )
+        return _after_charge(
+            lambda: self._kept(
+                contribution_answer(
+                    plan, self._read(profile), entry, rng=self.rng, analyst=self.analyst
+                )
+            )
+        )
 
     def _answer(self, plan: QueryPlan, entry: LedgerEntry) -> QueryResult:
-        """Read the charged plan's aggregates and release them."""
+        """Read the charged plan's aggregates and release them, saying what they measure."""
+        answer, released = self._released(plan, entry)
+        return answer.model_copy(update={"measures": released.measures()})
+
+    def _released(self, plan: QueryPlan, entry: LedgerEntry) -> tuple[QueryResult, QueryPlan]:
+        """The answer and the plan it was released under (automatic bounds re-plan)."""
         progress = self.progress if self.progress is not None else no_progress
         if plan.range_queries is not None:
             groups = self._read(public_groups(plan.shape, self.backend.dialect), "reading groups")
@@ -397,7 +458,7 @@ class Session:
             progress(ADDING_NOISE, None)
             answer = range_answer(plan, groups, counts, entry, rng=self.rng, analyst=self.analyst)
             progress(DONE, 1.0)
-            return answer
+            return answer, plan
         details: dict[str, Any] = {}
         if plan.auto_bounds is not None:
             plan, details = self._with_automatic_bounds(plan)
@@ -417,11 +478,11 @@ class Session:
             if structure is not None:
                 self._store_synopsis(plan, entry, structure)
             progress(DONE, 1.0)
-            return answer
+            return answer, plan
         progress(ADDING_NOISE, None)
         result = laplace_answer(plan, frame, entry, rng=self.rng, analyst=self.analyst)
         progress(DONE, 1.0)
-        return result.model_copy(update={"details": details}) if details else result
+        return (result.model_copy(update={"details": details}) if details else result), plan
 
     def _read(self, sql: str, stage: str = READING_DATA) -> pd.DataFrame:
         """The backend's rows for generated ``sql``, reported as ``stage`` (with the backend's
@@ -515,6 +576,11 @@ class Session:
                         "tau": int(structure.threshold.tau),
                         "seed": structure.seed,
                         "split": structure.split,
+                        "contribution_bounds": {
+                            "max_groups_per_unit": plan.bounds.max_groups_per_unit,
+                            "max_rows_per_group": plan.bounds.max_rows_per_group,
+                            "max_rows_per_unit": plan.bounds.max_rows_per_unit,
+                        },
                     },
                     data=structure.to_bytes(),
                 )
@@ -562,8 +628,9 @@ class Session:
         shape, normalized = shaped
         release = CombinedRelease.from_bytes(synopsis.data)
         keys = np.array(query.keys, dtype=object if isinstance(query.keys[0], str) else None)
-        values = release.lookup(keys)
-        released = release.released(keys)
+        answer = release.answer(
+            keys, confidence=self.policy.dataset.confidence, keys_per_row=1 / ALP_ROWS_PER_KEY
+        )
         event = PostProcessingEvent(f"synopsis:{synopsis.name}", "COUNT(*)")
         entry = self._ledger.charge(
             analyst=self.analyst,
@@ -572,24 +639,38 @@ class Session:
             plan={"synopsis": synopsis.name, "keys": list(query.keys)},
             mechanism="synopsis",
         )
-        value = float(values.sum())
-        interval: tuple[float | None, float | None] = (None, None)
-        if len(keys) == 1 and bool(released[0]):
-            half = float(release.threshold.half_width)
-            interval = (value - half, value + half)
+        value = answer.value
         (name,) = shape.column_names
-        return QueryResult(
+        result = QueryResult(
             columns=[name],
             rows=[(int(value) if value.is_integer() else value,)],
-            intervals={name: [interval]},
+            intervals={name: [(answer.lower, answer.upper)]},
             noise_scale={name: float(release.threshold.scale)},
-            confidence=release.threshold.confidence,
+            confidence=self.policy.dataset.confidence,
+            details={
+                "released_by_threshold": answer.released.tolist(),
+                "tau": int(release.threshold.tau),
+                "unreleased_count_at_most": answer.unreleased_ceiling,
+                "sketch_expected_error_bound": answer.sketch_error_bound,
+                "sketch_beats_zero": answer.sketch_beats_zero,
+                "guarantee": "a key the threshold released: its noisy count, ± the noise's "
+                "half-width; a key it did not: true count in [0, unreleased_count_at_most] (the "
+                "ALP estimate is clamped into it), expected error at most "
+                "sketch_expected_error_bound if the table has at most expected_keys keys "
+                "(Aumüller, Lebeda, Pagh, full version); when sketch_beats_zero is false, 0 is "
+                "as good an answer for such keys",
+            },
+            measures={
+                name: f"rows with the key(s), {_synopsis_bounds(synopsis)}, as bounded when the "
+                "synopsis was released"
+            },
             epsilon=0.0,
             delta=0.0,
             mechanism=f"synopsis:{synopsis.name}",
             analyst=self.analyst,
             ledger_entry=entry.seq,
         )
+        return self._kept(result)
 
     def charge(
         self, event: Event, *, query: str, plan: dict[str, Any], mechanism: str
@@ -603,6 +684,11 @@ class Session:
             analyst=self.analyst, event=event, query=query, plan=plan, mechanism=mechanism
         )
 
+    def act_as(self, actor: dict[str, Any] | None) -> None:
+        """Record ``actor`` (e.g. the operating-system user and a service token's id) in the
+        entries this session writes from now on; None restores the operating-system user."""
+        self._ledger.actor = actor
+
     # budget and ledger --------------------------------------------------------------------------
     def budget(self) -> BudgetReport:
         """Cap, spent and remaining for the dataset and this analyst."""
@@ -612,6 +698,29 @@ class Session:
         """This analyst's own ledger entries, oldest first (the whole ledger is the
         administrator's and the auditor's: ``database_ledger``)."""
         return [e.to_dict() for e in self._ledger.entries() if e.analyst == self.analyst]
+
+
+def _synopsis_bounds(synopsis: Synopsis) -> str:
+    bounds = synopsis.params.get("contribution_bounds")
+    if not bounds:
+        return "per the policy's contribution bounds"
+    return (
+        f"at most {bounds['max_rows_per_group']} per person per key, in at most "
+        f"{bounds['max_groups_per_unit']} keys per person, at most "
+        f"{bounds['max_rows_per_unit']} per person in all"
+    )
+
+
+def _after_charge(work: Callable[[], QueryResult]) -> QueryResult:
+    """``work()``, or the one data-independent ``ExecutionError`` whatever went wrong: whether,
+    where and why a charged query fails may depend on the rows it read. The error is raised
+    outside the handler, so no exception chain carries more."""
+    answer = None
+    with contextlib.suppress(Exception):
+        answer = work()
+    if answer is None:
+        raise ExecutionError(FAILED_AFTER_CHARGE)
+    return answer
 
 
 def budget_report(ledger: Ledger, analyst: str | None = None) -> BudgetReport:
@@ -663,6 +772,17 @@ def database_ledger(database: str | Path, analyst: str | None = None) -> list[di
     finally:
         ledger.close()
     return [e.to_dict() for e in entries if analyst is None or e.analyst == analyst]
+
+
+def database_result(database: str | Path, seq: int, analyst: str | None = None) -> QueryResult:
+    """The answer stored under ledger entry ``seq`` (the administrator's view), or with
+    ``analyst`` only if that analyst paid for it; the ledger is verified first."""
+    _open_ledger(database).close()
+    store = ResultStore(ledger_path(database))
+    try:
+        return store.get(seq, analyst)
+    finally:
+        store.close()
 
 
 def database_synopses(database: str | Path, analyst: str | None = None) -> list[dict[str, Any]]:

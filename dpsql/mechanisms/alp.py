@@ -13,9 +13,10 @@ the keys or values.
 Privacy (Sec. 3.1 and the full version). Cells are independent given the input, a key's random
 rounding moves at most one of its bits, and the probability that a cell is 1 before flipping moves
 by at most ``|Δy|``; after flipping, the probability of either output of the cell changes by a
-factor at most ``1 + ((1 - 2p)/p)·|Δy| = 1 + α|Δy| <= e^{α|Δy|}``. Neighbours differ by at most
-``Δ = max_groups_per_unit · max_rows_per_group`` in L1, i.e. by ``ε/α`` in scaled units, so every
-output's probability changes by a factor at most ``e^ε``: the sketch is ε-DP (δ = 0).
+factor at most ``1 + ((1 - 2p)/p)·|Δy| = 1 + α|Δy| <= e^{α|Δy|}``. Neighbours differ by at most ``Δ
+= min(max_groups_per_unit · max_rows_per_group, max_rows_per_unit)`` in L1, i.e. by ``ε/α`` in
+scaled units, so every output's probability changes by a factor at most ``e^ε``: the sketch is ε-DP
+(δ = 0).
 
 Exact flips. ``p`` is made a dyadic rational ``j/2^K`` (``K <= 16``) *rounded up*, and ``α`` is
 replaced by the effective ``α' = (1 - 2p)/p <= α`` everywhere (scaling, ``m``, estimates), so the
@@ -208,16 +209,40 @@ class ALPSketch:
     bits: np.ndarray
     noisy_key_count: int | None = None
     mechanism: str = "alp"
+    max_rows_per_unit: int | None = None
 
     @property
     def sensitivity(self) -> int:
-        """``Δ = max_groups_per_unit · max_rows_per_group`` (L1 sensitivity of the input)."""
-        return self.max_groups_per_unit * self.max_rows_per_group
+        """``Δ = min(max_groups_per_unit · max_rows_per_group, max_rows_per_unit)`` (L1
+        sensitivity of the input)."""
+        product = self.max_groups_per_unit * self.max_rows_per_group
+        return min(product, self.max_rows_per_unit or product)
 
     @property
     def step(self) -> float:
         """The value of one unary step, ``α'·Δ/ε``: estimates are multiples of it over averages."""
         return float(self.alpha) * self.sensitivity / self.projection_epsilon
+
+    def expected_error_bound(self, keys_per_row: float) -> float:
+        """Upper bound on the expected per-entry error ``E|x_i - x̃_i|`` of :meth:`estimate`.
+
+        The full version's bound (our reading, ``docs/sparse_histograms.md``):
+        ``(1/2 + (4α+4)/α² + (4γ+4)/γ²) · α'Δ/ε`` with ``γ = (α+2)/(1 + α·k/s) − 2``, where
+        ``keys_per_row`` is ``k/s`` (non-zero keys per sketch row; collisions grow with it).
+        Infinite when ``γ <= 0`` (too many keys for the rows). It bounds an average over the
+        randomness, not every answer; values above β are estimated as about β.
+
+        >>> sketch = project(["a"], [3], epsilon=1.0, s=64, seed=1,
+        ...                  rng=np.random.Generator(np.random.PCG64(1)))
+        >>> round(sketch.expected_error_bound(0.1) / sketch.step, 2)
+        5.06
+        """
+        alpha = float(self.alpha)
+        gamma = (alpha + 2.0) / (1.0 + alpha * float(keys_per_row)) - 2.0
+        if gamma <= 0:
+            return math.inf
+        factor = 0.5 + (4 * alpha + 4) / alpha**2 + (4 * gamma + 4) / gamma**2
+        return factor * self.step
 
     @property
     def nbytes(self) -> int:
@@ -274,6 +299,7 @@ class ALPSketch:
             "seed": self.seed,
             "key_kind": self.key_kind,
             "noisy_key_count": self.noisy_key_count,
+            "max_rows_per_unit": self.max_rows_per_unit,
         }
         return pack_header(_MAGIC, header) + self.bits.tobytes()
 
@@ -307,6 +333,11 @@ class ALPSketch:
                 key_kind=kind,
                 bits=np.frombuffer(data, dtype=np.uint8, offset=body),
                 noisy_key_count=header["noisy_key_count"],
+                max_rows_per_unit=(
+                    None
+                    if header.get("max_rows_per_unit") is None
+                    else positive_int("max_rows_per_unit", header["max_rows_per_unit"])
+                ),
             )
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as error:
             if isinstance(error, ParameterError):
@@ -340,15 +371,17 @@ def project(
     max_rows_per_group: int = 1,
     seed: int | None = None,
     rng: np.random.Generator | None = None,
+    max_rows_per_unit: int | None = None,
 ) -> ALPSketch:
     """ALP projection (Alg. 1) of ``{key: count}``: ε-DP for the given contribution bounds.
 
     ``keys`` are distinct str or integer keys, ``counts`` non-negative numbers (already bounded:
     each privacy unit changes at most ``max_groups_per_unit`` entries by at most
-    ``max_rows_per_group`` each). ``beta`` (default :func:`default_beta`) is the largest value the
-    sketch represents; larger values are estimated as about ``beta``. ``s`` is the number of rows
-    (public; see the module docstring for ``s=None``). ``seed`` (public; fresh from ``rng`` if None)
-    fixes the key hashes and the hash functions.
+    ``max_rows_per_group`` each, and by at most ``max_rows_per_unit`` in all when given). ``beta``
+    (default :func:`default_beta`) is the largest value the sketch represents; larger values are
+    estimated as about ``beta``. ``s`` is the number of rows (public; see the module docstring for
+    ``s=None``). ``seed`` (public; fresh from ``rng`` if None) fixes the key hashes and the hash
+    functions.
 
     >>> rng = np.random.Generator(np.random.PCG64(3))
     >>> sketch = project(["a", "b"], [40, 0], epsilon=1.0, s=64, seed=7, rng=rng)
@@ -373,6 +406,7 @@ def project(
         size_fraction=size_fraction,
         max_groups_per_unit=max_groups_per_unit,
         max_rows_per_group=max_rows_per_group,
+        max_rows_per_unit=max_rows_per_unit,
         seed=seed,
         rng=rng,
     )
@@ -392,6 +426,7 @@ def project_hashes(
     size_fraction: float = DEFAULT_SIZE_FRACTION,
     max_groups_per_unit: int = 1,
     max_rows_per_group: int = 1,
+    max_rows_per_unit: int | None = None,
     rng: np.random.Generator | None = None,
 ) -> ALPSketch:
     """:func:`project` for keys already hashed by ``hash_keys(keys, seed)`` (kind ``key_kind``)."""
@@ -401,7 +436,12 @@ def project_hashes(
         raise ParameterError(f"alpha must be in [{_MIN_ALPHA}, {_MAX_ALPHA}], got {alpha!r}")
     groups = positive_int("max_groups_per_unit", max_groups_per_unit)
     rows_per_group = positive_int("max_rows_per_group", max_rows_per_group)
-    sensitivity = groups * rows_per_group
+    per_unit = (
+        None
+        if max_rows_per_unit is None
+        else positive_int("max_rows_per_unit", max_rows_per_unit)
+    )
+    sensitivity = min(groups * rows_per_group, per_unit or groups * rows_per_group)
     rows_per_key = positive_finite("rows_per_key", rows_per_key)
     if s is not None:
         s = positive_int("s", s)
@@ -424,7 +464,11 @@ def project_hashes(
         size_epsilon = epsilon * fraction_in_open_unit("size_fraction", size_fraction)
         projection_epsilon = epsilon - size_epsilon
         s, noisy_key_count = _rows_for(
-            int(np.count_nonzero(values)), rows_per_key, size_epsilon, groups, rng
+            int(np.count_nonzero(values)),
+            rows_per_key,
+            size_epsilon,
+            min(groups, per_unit or groups),
+            rng,
         )
     flip = flip_probability(exact_fraction(alpha))
     alpha_eff = effective_alpha(flip)
@@ -449,6 +493,7 @@ def project_hashes(
         key_kind=key_kind,
         bits=_embed_and_flip(key_hashes, values * scale, HashFamily(seed, m, s), flip, rng),
         noisy_key_count=noisy_key_count,
+        max_rows_per_unit=per_unit,
     )
 
 

@@ -35,15 +35,32 @@ from dpsql.mechanisms.hashing import (
     new_seed,
     positive_finite,
 )
+from dpsql.mechanisms.laplace import interval_half_width
 from dpsql.mechanisms.random import resolve_rng
 
-__all__ = ["DEFAULT_SPLIT", "CombinedRelease", "release"]
+__all__ = ["DEFAULT_SPLIT", "Answer", "CombinedRelease", "release"]
 
 DEFAULT_SPLIT = 0.5
 """Share of ε for the threshold (the paper's ε/2 each)."""
 
 _MAGIC = b"DPSQLCMB"
 _FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, eq=False)
+class Answer:
+    """A point or IN-list count from the structure, with its interval and accuracy facts."""
+
+    value: float
+    lower: float
+    upper: float
+    released: np.ndarray
+    """Per key: answered by the threshold release (else by the sketch)."""
+    sketch_error_bound: float
+    """Expected per-entry error bound of a sketch answer (ALP, full version)."""
+    unreleased_ceiling: int
+    """A key the threshold did not release has a true count of at most this (at the level)."""
+    sketch_beats_zero: bool
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,6 +103,44 @@ class CombinedRelease:
         out[hit] = self.threshold.values[positions[hit]]
         out[~hit] = self.sketch.estimate(array[~hit])
         return out
+
+    def answer(self, keys: object, *, confidence: float, keys_per_row: float) -> Answer:
+        """The sum of ``keys``' counts with a ``confidence`` interval (post-processing).
+
+        Each key's share of the miss probability is ``(1 - confidence) / n`` (union bound). A key
+        the threshold released is its noisy count ± the noise's half-width at that level. A key
+        it did not release has a true count below ``c*``, the smallest count released with that
+        probability (a count of ``c*`` or more goes unreleased less often than that), and at
+        least 0: its interval is ``[0, c* - 1]`` and its ALP estimate is clamped into it, which
+        only moves it towards the truth whenever the interval covers. The estimate's expected
+        error is at most ``ALPSketch.expected_error_bound(keys_per_row)``; when that is at least
+        ``c* - 1`` the sketch cannot be shown to beat answering 0 (whose error is at most ``c* - 1``
+        in the same event), and ``sketch_beats_zero`` is false. The bound grows as ``α/ε`` and
+        ``c*`` as ``ln(1/δ)/ε``: the sketch provably helps only for small δ (or a pure-DP
+        domain's larger τ).
+        """
+        kind, array = as_key_array(keys)
+        positions = self._positions(kind, array)
+        hit = positions >= 0
+        level = 1.0 - (1.0 - confidence) / max(1, array.size)
+        rule = self.threshold
+        half = interval_half_width(rule.scale, level)
+        ceiling = threshold.count_released_with_probability(rule.tau, rule.scale, level) - 1
+        values = np.empty(array.size, dtype=np.float64)
+        values[hit] = rule.values[positions[hit]]
+        values[~hit] = np.clip(self.sketch.estimate(array[~hit]), 0.0, ceiling)
+        lower = np.where(hit, np.maximum(values - half, 0.0), 0.0)
+        upper = np.where(hit, values + half, float(ceiling))
+        error = self.sketch.expected_error_bound(keys_per_row)
+        return Answer(
+            value=float(values.sum()),
+            lower=float(lower.sum()),
+            upper=float(upper.sum()),
+            released=hit,
+            sketch_error_bound=error,
+            unreleased_ceiling=ceiling,
+            sketch_beats_zero=bool(error < ceiling),
+        )
 
     def to_bytes(self) -> bytes:
         """Both parts (public outputs and parameters only), framed with a small header."""
@@ -143,6 +198,7 @@ def release(
     domain: threshold.Domain | None = None,
     max_groups_per_unit: int = 1,
     max_rows_per_group: int = 1,
+    max_rows_per_unit: int | None = None,
     alpha: float | Fraction = alp.DEFAULT_ALPHA,
     s: int | None = None,
     rows_per_key: float = alp.DEFAULT_ROWS_PER_KEY,
@@ -180,6 +236,7 @@ def release(
         delta=delta,
         max_groups_per_unit=max_groups_per_unit,
         max_rows_per_group=max_rows_per_group,
+        max_rows_per_unit=max_rows_per_unit,
         domain=domain,
         expected_false_positives=expected_false_positives,
         seed=seed if hashed_domain else None,
@@ -207,6 +264,7 @@ def release(
         size_fraction=size_fraction,
         max_groups_per_unit=max_groups_per_unit,
         max_rows_per_group=max_rows_per_group,
+        max_rows_per_unit=max_rows_per_unit,
         rng=rng,
     )
     return CombinedRelease(

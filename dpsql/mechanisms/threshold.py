@@ -1,22 +1,24 @@
 """Thresholded noisy histograms over keys nobody can list: approximate DP, or pure DP on a domain.
 
-Noise is discrete Laplace (two-sided geometric) with scale ``t = noise_scale(Δ, ε)`` and
-``Δ = max_groups_per_unit · max_rows_per_group`` (:mod:`dpsql.mechanisms.laplace`, exact CKS
-sampler); with ``a = exp(-1/t)``, ``P(Z = z) = (1-a)/(1+a) · a^|z|`` and, for integers ``n``,
-``P(Z >= n) = a^n/(1+a)`` if ``n >= 1`` and ``1 - a^(1-n)/(1+a)`` otherwise. A key is released iff
-its noisy count is **at least** ``τ`` (:class:`ThresholdRule`; the mass at exactly ``τ`` counts as
-released everywhere, in the rule and in every probability computed from it).
+Noise is discrete Laplace (two-sided geometric) with scale ``t = noise_scale(Δ, ε)`` and ``Δ =
+min(max_groups_per_unit · max_rows_per_group, max_rows_per_unit)`` (:class:`Contribution`;
+:mod:`dpsql.mechanisms.laplace`, exact CKS sampler); with ``a = exp(-1/t)``, ``P(Z = z) =
+(1-a)/(1+a) · a^|z|`` and, for integers ``n``, ``P(Z >= n) = a^n/(1+a)`` if ``n >= 1`` and ``1 -
+a^(1-n)/(1+a)`` otherwise. A key is released iff its noisy count is **at least** ``τ``
+(:class:`ThresholdRule`; the mass at exactly ``τ`` counts as released everywhere, in the rule and in
+every probability computed from it).
 
 Approximate DP (Korolova et al. 2009; Alg. 9 of the full version of Aumüller, Lebeda, Pagh, CCS'21).
 Only keys present in the data get noise. Neighbours differ by one privacy unit, which adds at most
 ``Δ`` in L1 to keys present in both (the noisy counts are ε-DP for those; thresholding them is
-post-processing) and creates at most ``L0 = max_groups_per_unit`` new keys, each with count at most
-``L∞ = max_rows_per_group``. The only extra event is that a new key is released, with probability
-at most ``δ = 1 - (1 - P(L∞ + Z >= τ))^{L0}`` (independent noise per key); by basic composition of
-the ε-DP part with this (0, δ) part the release is (ε, δ)-DP. :func:`delta_for_tau` computes this
-δ and :func:`tau_for_delta` the smallest integer τ whose δ is at most the target. Alg. 9's random
-rounding of entries below 1 is the identity here: counts are integers. Released keys come in a
-uniformly random order, never input order.
+post-processing) and creates at most ``L0 = min(max_groups_per_unit, max_rows_per_unit)`` new keys,
+each with count at most ``L∞ = min(max_rows_per_group, max_rows_per_unit)`` (a unit adds at most
+``max_rows_per_unit`` rows in all; without it, the first terms). The only extra event is that a new
+key is released, with probability at most ``δ = 1 - (1 - P(L∞ + Z >= τ))^{L0}`` (independent noise
+per key); by basic composition of the ε-DP part with this (0, δ) part the release is (ε, δ)-DP.
+:func:`delta_for_tau` computes this δ and :func:`tau_for_delta` the smallest integer τ whose δ is at
+most the target. Alg. 9's random rounding of entries below 1 is the identity here: counts are
+integers. Released keys come in a uniformly random order, never input order.
 
 Pure DP (Alg. 3; Cormode, Procopiuc, Srivastava, Tran, ICDT'12). Over a public domain of size ``d``
 (:class:`IntegerDomain` or 64-bit key hashes, :class:`HashDomain`), noise every one of the ``d``
@@ -60,13 +62,16 @@ from dpsql.mechanisms.random import resolve_rng
 
 __all__ = [
     "MAX_EXPECTED_FALSE_POSITIVES",
+    "Contribution",
     "HashDomain",
     "IntegerDomain",
     "ThresholdRelease",
     "ThresholdRule",
+    "count_released_with_probability",
     "delta_for_tau",
     "expected_false_positives_for_tau",
     "noise_at_least",
+    "noise_scale_for",
     "release",
     "tau_for_delta",
     "tau_for_false_positives",
@@ -152,40 +157,121 @@ class ThresholdRule:
         return noise_at_least(self.tau - count, self.scale)
 
 
-def _bounds(max_groups_per_unit: object, max_rows_per_group: object) -> tuple[int, int]:
-    return (
+@dataclass(frozen=True)
+class Contribution:
+    """What one privacy unit can change: ``new_keys`` keys of its own, each by at most
+    ``per_key``, and the counts by at most ``l1`` in all (the noise's sensitivity).
+
+    With ``max_rows_per_unit = R`` a unit adds at most R rows in all, so at most ``min(L0, R)``
+    keys of its own, at most ``min(L∞, R)`` to one key and ``min(L0·L∞, R)`` in L1: the rule the
+    planner uses for every GROUP BY. Without R it is ``L0``, ``L∞`` and ``L0·L∞``.
+
+    >>> bounds = Contribution(8, 8, 8)
+    >>> bounds.new_keys, bounds.per_key, bounds.l1
+    (8, 8, 8)
+    """
+
+    max_groups_per_unit: int
+    max_rows_per_group: int
+    max_rows_per_unit: int | None = None
+
+    @property
+    def new_keys(self) -> int:
+        return min(self.max_groups_per_unit, self.max_rows_per_unit or self.max_groups_per_unit)
+
+    @property
+    def per_key(self) -> int:
+        return min(self.max_rows_per_group, self.max_rows_per_unit or self.max_rows_per_group)
+
+    @property
+    def l1(self) -> int:
+        product = self.max_groups_per_unit * self.max_rows_per_group
+        return min(product, self.max_rows_per_unit or product)
+
+
+def _bounds(
+    max_groups_per_unit: object, max_rows_per_group: object, max_rows_per_unit: object = None
+) -> Contribution:
+    return Contribution(
         positive_int("max_groups_per_unit", max_groups_per_unit),
         positive_int("max_rows_per_group", max_rows_per_group),
+        None
+        if max_rows_per_unit is None
+        else positive_int("max_rows_per_unit", max_rows_per_unit),
     )
 
 
-def _scale(epsilon: object, groups: int, rows: int) -> Fraction:
-    return noise_scale(groups * rows, positive_finite("epsilon", epsilon))
+def _scale(epsilon: object, bounds: Contribution) -> Fraction:
+    return noise_scale(bounds.l1, positive_finite("epsilon", epsilon))
 
 
-def _delta(rule: ThresholdRule, groups: int, rows: int) -> float:
-    new_key = rule.release_probability(rows)
+def _delta(rule: ThresholdRule, bounds: Contribution) -> float:
+    new_key = rule.release_probability(bounds.per_key)
     if new_key >= 1.0:
         return 1.0
-    return min(1.0, -math.expm1(groups * math.log1p(-new_key)) * _ROUND_UP)
+    return min(1.0, -math.expm1(bounds.new_keys * math.log1p(-new_key)) * _ROUND_UP)
+
+
+def noise_scale_for(
+    *,
+    epsilon: float,
+    max_groups_per_unit: int,
+    max_rows_per_group: int,
+    max_rows_per_unit: int | None = None,
+) -> Fraction:
+    """The noise scale :func:`release` uses: ``noise_scale(min(L0·L∞, R), ε)``.
+
+    >>> scale = noise_scale_for(epsilon=0.3, max_groups_per_unit=8, max_rows_per_group=8,
+    ...                         max_rows_per_unit=8)
+    >>> round(float(scale), 2)
+    26.67
+    """
+    return _scale(epsilon, _bounds(max_groups_per_unit, max_rows_per_group, max_rows_per_unit))
+
+
+def count_released_with_probability(tau: int, scale: Fraction, probability: float) -> int:
+    """The smallest count ``c`` whose key is released with probability at least ``probability``
+    (``P(c + Z >= tau)``); ``probability = 0.5`` gives ``tau`` itself.
+
+    >>> count_released_with_probability(15, Fraction(1), 0.5), count_released_with_probability(
+    ...     15, Fraction(1), 0.95)
+    (15, 17)
+    """
+    count = tau
+    while ThresholdRule(tau, scale).release_probability(count) < probability:
+        count += 1
+    while ThresholdRule(tau, scale).release_probability(count - 1) >= probability:
+        count -= 1
+    return count
 
 
 def delta_for_tau(
-    *, tau: int, epsilon: float, max_groups_per_unit: int, max_rows_per_group: int
+    *,
+    tau: int,
+    epsilon: float,
+    max_groups_per_unit: int,
+    max_rows_per_group: int,
+    max_rows_per_unit: int | None = None,
 ) -> float:
-    """δ of the approximate-DP threshold ``tau``: ``1 - (1 - P(L∞ + Z >= tau))^{L0}``, rounded up.
+    """δ of the approximate-DP threshold ``tau``: ``1 - (1 - P(L∞ + Z >= tau))^{L0}``, rounded up
+    (with ``max_rows_per_unit = R``, ``L0`` and ``L∞`` are capped at R; see :class:`Contribution`).
 
     >>> delta_for_tau(tau=20, epsilon=1.0, max_groups_per_unit=1, max_rows_per_group=1) < 1e-8
     True
     """
     if isinstance(tau, bool) or not isinstance(tau, int | np.integer):
         raise ParameterError(f"tau must be an integer, got {tau!r}")
-    groups, rows = _bounds(max_groups_per_unit, max_rows_per_group)
-    return _delta(ThresholdRule(int(tau), _scale(epsilon, groups, rows)), groups, rows)
+    bounds = _bounds(max_groups_per_unit, max_rows_per_group, max_rows_per_unit)
+    return _delta(ThresholdRule(int(tau), _scale(epsilon, bounds)), bounds)
 
 
 def tau_for_delta(
-    *, epsilon: float, delta: float, max_groups_per_unit: int, max_rows_per_group: int
+    *,
+    epsilon: float,
+    delta: float,
+    max_groups_per_unit: int,
+    max_rows_per_group: int,
+    max_rows_per_unit: int | None = None,
 ) -> int:
     """The smallest integer τ with ``delta_for_tau(tau=τ, ...) <= delta``.
 
@@ -193,15 +279,16 @@ def tau_for_delta(
     15
     """
     delta = fraction_in_open_unit("delta", delta)
-    groups, rows = _bounds(max_groups_per_unit, max_rows_per_group)
-    scale = _scale(epsilon, groups, rows)
-    per_key = -math.expm1(math.log1p(-delta) / groups)
+    bounds = _bounds(max_groups_per_unit, max_rows_per_group, max_rows_per_unit)
+    scale = _scale(epsilon, bounds)
+    rows = bounds.per_key
+    per_key = -math.expm1(math.log1p(-delta) / bounds.new_keys)
     a = math.exp(-1.0 / float(scale))
     guess = rows + math.ceil(float(scale) * -math.log(max(per_key * (1.0 + a), 1e-300)))
     tau = max(guess, rows + 1)
-    while _delta(ThresholdRule(tau, scale), groups, rows) > delta:
+    while _delta(ThresholdRule(tau, scale), bounds) > delta:
         tau += 1
-    while _delta(ThresholdRule(tau - 1, scale), groups, rows) <= delta:
+    while _delta(ThresholdRule(tau - 1, scale), bounds) <= delta:
         tau -= 1
     return tau
 
@@ -211,11 +298,17 @@ def _domain_false_positive_rate(scale: Fraction, tau: int, size: int) -> float:
 
 
 def expected_false_positives_for_tau(
-    *, tau: int, epsilon: float, domain: Domain, max_groups_per_unit: int, max_rows_per_group: int
+    *,
+    tau: int,
+    epsilon: float,
+    domain: Domain,
+    max_groups_per_unit: int,
+    max_rows_per_group: int,
+    max_rows_per_unit: int | None = None,
 ) -> float:
     """``d · P(Z >= tau)``: the expected number of released zero keys (pure DP)."""
-    groups, rows = _bounds(max_groups_per_unit, max_rows_per_group)
-    return _domain_false_positive_rate(_scale(epsilon, groups, rows), int(tau), domain.size)
+    bounds = _bounds(max_groups_per_unit, max_rows_per_group, max_rows_per_unit)
+    return _domain_false_positive_rate(_scale(epsilon, bounds), int(tau), domain.size)
 
 
 def tau_for_false_positives(
@@ -225,6 +318,7 @@ def tau_for_false_positives(
     max_groups_per_unit: int,
     max_rows_per_group: int,
     expected_false_positives: float = 1.0,
+    max_rows_per_unit: int | None = None,
 ) -> int:
     """The smallest τ >= 1 with ``d · P(Z >= τ) <= expected_false_positives`` (pure DP).
 
@@ -234,8 +328,7 @@ def tau_for_false_positives(
     88
     """
     target = positive_finite("expected_false_positives", expected_false_positives)
-    groups, rows = _bounds(max_groups_per_unit, max_rows_per_group)
-    scale = _scale(epsilon, groups, rows)
+    scale = _scale(epsilon, _bounds(max_groups_per_unit, max_rows_per_group, max_rows_per_unit))
     size = _check_domain(domain).size
     a = math.exp(-1.0 / float(scale))
     guess = math.ceil(float(scale) * (math.log(size) - math.log(target) - math.log1p(a)))
@@ -279,6 +372,7 @@ class ThresholdRelease:
     domain: Domain | None = None
     seed: int | None = None
     mechanism: str = "threshold"
+    max_rows_per_unit: int | None = None
 
     @property
     def lower(self) -> np.ndarray:
@@ -320,6 +414,7 @@ class ThresholdRelease:
             "domain": domain,
             "seed": self.seed,
             "mechanism": self.mechanism,
+            "max_rows_per_unit": self.max_rows_per_unit,
         }
         values = self.values.astype("<i8").tobytes()
         return pack_header(_MAGIC, header) + values + key_bytes
@@ -375,6 +470,7 @@ class ThresholdRelease:
                 domain=domain,
                 seed=header["seed"],
                 mechanism=header["mechanism"],
+                max_rows_per_unit=header.get("max_rows_per_unit"),
             )
         except (KeyError, TypeError, ValueError, IndexError, UnicodeDecodeError) as error:
             if isinstance(error, ParameterError):
@@ -456,15 +552,17 @@ def _release_approximate(
     *,
     epsilon: float,
     delta: float,
-    groups: int,
-    rows: int,
+    bounds: Contribution,
     confidence: float,
     rng: np.random.Generator,
 ) -> ThresholdRelease:
-    scale = _scale(epsilon, groups, rows)
-    tau = tau_for_delta(
-        epsilon=epsilon, delta=delta, max_groups_per_unit=groups, max_rows_per_group=rows
-    )
+    scale = _scale(epsilon, bounds)
+    limits = {
+        "max_groups_per_unit": bounds.max_groups_per_unit,
+        "max_rows_per_group": bounds.max_rows_per_group,
+        "max_rows_per_unit": bounds.max_rows_per_unit,
+    }
+    tau = tau_for_delta(epsilon=epsilon, delta=delta, **limits)
     if not _unique(keys):
         raise ParameterError("keys must be distinct (aggregate counts per key first)")
     present = np.flatnonzero(counts > 0)
@@ -477,11 +575,8 @@ def _release_approximate(
         tau=tau,
         scale=scale,
         epsilon=epsilon,
-        delta=delta_for_tau(
-            tau=tau, epsilon=epsilon, max_groups_per_unit=groups, max_rows_per_group=rows
-        ),
-        max_groups_per_unit=groups,
-        max_rows_per_group=rows,
+        delta=delta_for_tau(tau=tau, epsilon=epsilon, **limits),
+        **limits,
         key_kind=kind,
         half_width=interval_half_width(scale, confidence),
         confidence=confidence,
@@ -535,8 +630,7 @@ def _release_pure(
     *,
     epsilon: float,
     domain: Domain,
-    groups: int,
-    rows: int,
+    bounds: Contribution,
     tau: int | None,
     expected_false_positives: float,
     seed: int | None,
@@ -544,13 +638,14 @@ def _release_pure(
     confidence: float,
     rng: np.random.Generator,
 ) -> ThresholdRelease:
-    scale = _scale(epsilon, groups, rows)
+    scale = _scale(epsilon, bounds)
     if tau is None:
         tau = tau_for_false_positives(
             epsilon=epsilon,
             domain=domain,
-            max_groups_per_unit=groups,
-            max_rows_per_group=rows,
+            max_groups_per_unit=bounds.max_groups_per_unit,
+            max_rows_per_group=bounds.max_rows_per_group,
+            max_rows_per_unit=bounds.max_rows_per_unit,
             expected_false_positives=expected_false_positives,
         )
     elif isinstance(tau, bool) or not isinstance(tau, int | np.integer) or tau < 1:
@@ -591,8 +686,9 @@ def _release_pure(
         scale=scale,
         epsilon=epsilon,
         delta=0.0,
-        max_groups_per_unit=groups,
-        max_rows_per_group=rows,
+        max_groups_per_unit=bounds.max_groups_per_unit,
+        max_rows_per_group=bounds.max_rows_per_group,
+        max_rows_per_unit=bounds.max_rows_per_unit,
         key_kind=out_kind,
         half_width=interval_half_width(scale, confidence),
         confidence=confidence,
@@ -610,6 +706,7 @@ def release(
     delta: float,
     max_groups_per_unit: int,
     max_rows_per_group: int,
+    max_rows_per_unit: int | None = None,
     domain: Domain | None = None,
     tau: int | None = None,
     expected_false_positives: float = 1.0,
@@ -634,7 +731,7 @@ def release(
     (['a'], 15)
     """
     epsilon = positive_finite("epsilon", epsilon)
-    groups, rows = _bounds(max_groups_per_unit, max_rows_per_group)
+    bounds = _bounds(max_groups_per_unit, max_rows_per_group, max_rows_per_unit)
     if not isinstance(confidence, float | int) or not 0.0 < float(confidence) < 1.0:
         raise ParameterError(f"confidence must be strictly between 0 and 1, got {confidence!r}")
     kind, key_array = as_key_array(keys)
@@ -649,8 +746,7 @@ def release(
             count_array,
             epsilon=epsilon,
             domain=_check_domain(domain),
-            groups=groups,
-            rows=rows,
+            bounds=bounds,
             tau=tau,
             expected_false_positives=positive_finite(
                 "expected_false_positives", expected_false_positives
@@ -668,8 +764,7 @@ def release(
         count_array,
         epsilon=epsilon,
         delta=fraction_in_open_unit("delta", delta),
-        groups=groups,
-        rows=rows,
+        bounds=bounds,
         confidence=float(confidence),
         rng=rng,
     )

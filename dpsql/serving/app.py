@@ -27,6 +27,7 @@ from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
 
+from dpsql.accountant.ledger import current_actor
 from dpsql.engine.results import LEDGER_COLUMNS, csv_text
 from dpsql.engine.session import Session, database_budget, database_ledger, database_synopses
 from dpsql.engine.session import show_policy as policy_of
@@ -126,8 +127,16 @@ class _Service:
             ) from None
 
     async def in_session(self, identity: Identity, work: Callable[[Session], T]) -> T:
-        """``work`` in the analyst's session on the engine thread, within the time limit."""
-        return await self._run(work, identity.name)  # type: ignore[arg-type]
+        """``work`` in the analyst's session on the engine thread, within the time limit; every
+        ledger entry it writes records the token (beside the server's operating-system user)."""
+        actor = {**current_actor(), "token": identity.token_id}
+
+        def acting(session: Session | None) -> T:
+            assert session is not None
+            session.act_as(actor)
+            return work(session)
+
+        return await self._run(acting, identity.name)
 
     async def in_thread(self, work: Callable[[], T]) -> T:
         """``work`` (no session: auditor reads) on the engine thread, within the time limit."""
@@ -278,7 +287,7 @@ async def ledger(
         own = await service.in_session(identity, lambda s: s.ledger())
         entries = [e for e in own if e["kind"] == "charge" and e["analyst"] == identity.name]
     if _wants_csv(request, output_format):
-        return _csv(LEDGER_COLUMNS, [[e[c] for c in LEDGER_COLUMNS] for e in entries])
+        return _csv(LEDGER_COLUMNS, [[e.get(c) for c in LEDGER_COLUMNS] for e in entries])
     return StrictJSONResponse(entries)
 
 

@@ -142,7 +142,9 @@ class _Analyzer:
         range_join = self.range_join(select.args.get("joins") or [])
         where = select.args.get("where")
         predicate = self.predicate(where.this) if where is not None else None
-        group_by = tuple(self.group_column(node) for node in self.group_nodes(select))
+        group_by = tuple(
+            self.group_column(self.unaliased(node, select)) for node in self.group_nodes(select)
+        )
         if range_join is not None and not group_by:
             self.reject(select, "a range JOIN needs GROUP BY the public table's range columns")
         outputs = tuple(self.output(node, group_by) for node in select.expressions)
@@ -457,6 +459,22 @@ class _Analyzer:
             if name != "expressions" and value:
                 self.reject(group, f"GROUP BY {name.upper()} is not supported")
         return list(group.expressions)
+
+    def unaliased(self, node: exp.Expression, select: exp.Select) -> exp.Expression:
+        """A GROUP BY name that is no column of the table but the alias of a selected column
+        stands for that column, as in DuckDB (``SELECT country AS c ... GROUP BY c``)."""
+        if not isinstance(node, exp.Column) or node.table or self.public_table:
+            return node
+        if any(name.lower() == node.name.lower() for name in self.columns):
+            return node
+        for output in select.expressions:
+            if (
+                isinstance(output, exp.Alias)
+                and isinstance(output.this, exp.Column)
+                and output.alias.lower() == node.name.lower()
+            ):
+                return output.this
+        return node
 
     def group_column(self, node: exp.Expression) -> str:
         if not isinstance(node, exp.Column):

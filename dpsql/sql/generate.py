@@ -9,9 +9,9 @@ with sqlglot to the backend's dialect. Inside the database it:
 4. bounds contributions on the cells: a cell with more than ``max_rows_per_group`` rows is scaled
    down to that many rows' worth (every measure of the cell multiplied by ``kept / rows``); when
    the key domain is larger than ``max_groups_per_unit``, or ``max_rows_per_unit`` could bind, one
-   window over each unit's cells in salted-hash order keeps its first ``max_groups_per_unit``
-   groups and hands out ``max_rows_per_unit`` rows' worth in that order (counts stay exact
-   integers); scaled sums are truncated toward zero;
+   window over each unit's cells in a salted order of (unit, key) keeps its first
+   ``max_groups_per_unit`` groups and hands out ``max_rows_per_unit`` rows' worth in that order
+   (counts stay exact integers); scaled sums are truncated toward zero;
 5. aggregates per group, so only one row per group leaves the database.
 
 Scaling a cell is the expectation of keeping a uniformly random subset of its rows, and it bounds
@@ -36,11 +36,14 @@ from sqlglot import exp
 from dpsql.sql.shape import ColumnKind, QueryShape
 
 __all__ = [
+    "PROFILE_EDGES",
+    "PROFILE_STATISTICS",
     "Bounds",
     "Measure",
     "MeasureKind",
     "bounded_aggregate",
     "clipping_profile",
+    "contribution_profile",
     "public_groups",
     "range_counts",
     "ranges_per_group",
@@ -96,7 +99,76 @@ def _number(value: float) -> str:
     return exp.Literal.number(repr(float(value))).sql(dialect="duckdb")
 
 
-def _value(measure: Measure) -> str:
+_PRIME = 2_147_483_647
+"""2**31 - 1: every intermediate of the integer arithmetic stays below 2**63, so no backend
+overflows."""
+
+_HEX_DIGITS = 7
+"""Hex digits of an MD5 read as an integer code: 16**7 = 2**28 values."""
+
+
+def _integral(kinds: Sequence[ColumnKind]) -> bool:
+    return all(kind in (ColumnKind.INTEGER, ColumnKind.BOOLEAN) for kind in kinds)
+
+
+def _constants(salt: int, purpose: str, count: int) -> tuple[int, ...]:
+    """``count`` integers in [1, 2**31 - 1) derived from the salt, one family per purpose."""
+    digest = hashlib.sha256(f"{int(salt)}|{purpose}".encode()).digest()
+    return tuple(
+        1 + int.from_bytes(digest[5 * i : 5 * i + 5], "big") % (_PRIME - 1) for i in range(count)
+    )
+
+
+def _integer_code(column: str, kind: ColumnKind) -> str:
+    """An integer or boolean value as an integer in [0, 2**31 - 1)."""
+    if kind is ColumnKind.BOOLEAN:
+        return f"CAST({column} AS BIGINT)"
+    return f"((CAST({column} % {_PRIME} AS BIGINT) + {_PRIME}) % {_PRIME})"
+
+
+def _md5(salt: int, purpose: str, columns: Sequence[str]) -> str:
+    """The MD5 of the salt, a purpose and the columns' text: the same on every backend."""
+    text = " || '|' || ".join(f"CAST({column} AS VARCHAR)" for column in columns)
+    return f"MD5('{int(salt)}|{purpose}|' || {text})"
+
+
+def _hex_code(digest: str) -> str:
+    """An integer in [0, 16**7) read from the first hex digits of the MD5 text ``digest``,
+    digit by digit (engines parse hex differently, or not at all)."""
+    digits = " + ".join(
+        f"(INSTR('0123456789abcdef', SUBSTR({digest}, {i + 1}, 1)) - 1) * "
+        f"{16 ** (_HEX_DIGITS - 1 - i)}"
+        for i in range(_HEX_DIGITS)
+    )
+    return f"({digits})"
+
+
+def _rounding_offset(unit: str, kind: ColumnKind, salt: int) -> tuple[str | None, str]:
+    """``(digest, offset)``: the unit's rounding offset in [0, 1), an SQL expression over the
+    row (``__digest``, when not None, is the MD5 to compute once per row first)."""
+    if _integral([kind]):
+        multiplier, offset, square = _constants(salt, "dither", 3)
+        code = f"(({_integer_code(unit, kind)}) * {multiplier} + {offset}) % {_PRIME}"
+        return None, f"((({code}) * ({code}) + {square}) % {_PRIME} / {float(_PRIME)!r})"
+    return _md5(salt, "dither", [unit]), f"({_hex_code('__digest')} / {float(16**_HEX_DIGITS)!r})"
+
+
+def rounding_offset(unit: object, salt: int, *, integral: bool) -> float:
+    """The offset ``U`` the generated SQL adds before rounding a value of ``unit`` down to the
+    grid, computed in Python (a second implementation, for tests and audits).
+
+    >>> 0.0 <= rounding_offset(42, 7, integral=True) < 1.0
+    True
+    """
+    if integral:
+        multiplier, offset, square = _constants(salt, "dither", 3)
+        code = (int(unit) % _PRIME * multiplier + offset) % _PRIME
+        return ((code * code + square) % _PRIME) / _PRIME
+    digest = hashlib.md5(f"{int(salt)}|dither|{unit}".encode()).hexdigest()
+    return int(digest[:_HEX_DIGITS], 16) / 16**_HEX_DIGITS
+
+
+def _value(measure: Measure, offset: str) -> str:
     column = _identifier(measure.column or "")
     if measure.clamp is None:
         return column
@@ -106,53 +178,61 @@ def _value(measure: Measure) -> str:
         # Counted, never cast: a value too large for an integer type must not fail the query.
         return f"CASE WHEN {column} IS NULL OR ISNAN({as_double}) THEN NULL ELSE 1 END"
     clamped = f"LEAST(GREATEST({as_double}, {_number(low)}), {_number(high)})"
-    # The planner keeps |bounds| / grid <= 2**52, so the rounded value always fits a BIGINT.
+    # Randomised rounding to the grid: FLOOR(x/g + U) with U uniform in [0, 1) is x/g on average
+    # (ROUND would bias heaped values, e.g. every 2,080 half-way between two grid points). It
+    # stays in [FLOOR(low/g), CEIL(high/g)], the range the planner's sensitivity counts
+    # (max(CEIL(|low|/g), CEIL(|high|/g)) units per row), and U depends on the salt and the
+    # row's own unit only, so a unit's contribution still depends on its own rows only. One U per
+    # unit and query: each row is unbiased over the salt. Division by a power of two is exact,
+    # so every backend computes the same integer. The planner keeps |bounds| / grid <= 2**52,
+    # so the value always fits a BIGINT.
     return (
         f"CASE WHEN {column} IS NULL OR ISNAN({as_double}) THEN NULL "
-        f"ELSE CAST(ROUND({clamped} / {_number(grid)}) AS BIGINT) END"
+        f"ELSE CAST(FLOOR({clamped} / {_number(grid)} + {offset}) AS BIGINT) END"
     )
 
 
-_PRIME = 2_147_483_647
-"""2**31 - 1: every intermediate of the integer order stays below 2**62, so no backend overflows."""
+def _key_code(keys: Sequence[str], kinds: Sequence[ColumnKind], salt: int) -> str:
+    """One integer code in [0, 2**31 - 1) for integer or boolean keys, from the keys alone."""
+    multipliers = _constants(salt, "key", len(keys))
+    code = _integer_code(keys[0], kinds[0])
+    for key, kind, multiplier in zip(keys[1:], kinds[1:], multipliers[1:], strict=True):
+        code = f"(({code}) * {multiplier} + {_integer_code(key, kind)}) % {_PRIME}"
+    return code
 
 
-def _integral(kinds: Sequence[ColumnKind]) -> bool:
-    return all(kind in (ColumnKind.INTEGER, ColumnKind.BOOLEAN) for kind in kinds)
+def _salted_order(unit_code: str, key_code: str, salt: int) -> tuple[tuple[str, ...], str]:
+    """A salted pseudo-random order of a unit's cells that every backend computes identically.
 
+    ``unit_code`` and ``key_code`` are integers in [0, 2**31 - 1) that depend on the unit's and
+    the key's own values and the salt only (never a rank or a count over the data, which would
+    make one unit's choice depend on which other units or keys exist). They are mixed modulo
+    ``2**31 - 1`` with multipliers from the salt, squaring after the unit and after the key, then
+    once more: for one unit, the order of its keys is a degree-4 polynomial of the key code, so
+    different persons keep different groups (with ``max_groups_per_unit = 1`` and persons
+    spanning 8 groups, each group keeps about 1/8 of them), while which groups one unit keeps
+    depends on its own rows only. Engines' own hash functions differ (DuckDB's ``HASH`` is not
+    Spark's murmur3 ``HASH``), hence portable integer arithmetic, and MD5 for the codes of other
+    types (see ``bounded_aggregate``). Ties are broken by the keys themselves.
 
-def _salted_order(keys: Sequence[str], kinds: Sequence[ColumnKind], salt: int) -> str:
-    """A salted pseudo-random order of a unit's groups that every backend computes identically.
+    Returns the steps and the order: each step is the next value of a column ``__mix`` computed
+    from the previous one (so no expression repeats a longer one), and the order reads the last.
 
-    It is a function of the group key and the salt alone (never of the data), so which groups a
-    unit keeps depends on its own rows only. Engines' own hash functions differ (DuckDB's ``HASH``
-    is not Spark's murmur3 ``HASH``), so the order uses portable arithmetic: integer and boolean
-    keys are mixed modulo ``2**31 - 1`` with multipliers derived from the salt (a few integer
-    operations per cell); other keys (strings, dates, decimals, ...) by the MD5 of their text,
-    computed once per distinct key (the window then sorts each key's rank in that order). Ties
-    are broken by the keys themselves. Float keys print differently on some engines (DuckDB
-    ``1e+20``, Spark ``1.0E20``), so their order may differ between engines.
-
-    >>> _salted_order(["__key0"], [ColumnKind.STRING], 7)
-    "MD5('7' || '|' || CAST(__key0 AS VARCHAR))"
+    >>> steps, order = _salted_order("__unit", "__key0", 7)
+    >>> len(steps), order.count("__mix")
+    (2, 2)
     """
-    if not _integral(kinds):
-        text = " || '|' || ".join(f"CAST({key} AS VARCHAR)" for key in keys)
-        return f"MD5('{int(salt)}' || '|' || {text})"
-    digest = hashlib.sha256(str(int(salt)).encode()).digest()
-    multiplier, offset, square, final = (
-        1 + int.from_bytes(digest[8 * i : 8 * i + 8], "big") % (_PRIME - 1) for i in range(4)
+    unit_multiplier, unit_offset, unit_square, key_multiplier, key_square = _constants(
+        salt, "order", 5
     )
-    mixed = f"CAST({offset} AS BIGINT)"
-    for key, kind in zip(keys, kinds, strict=True):
-        code = (
-            f"CAST({key} AS BIGINT)"
-            if kind is ColumnKind.BOOLEAN
-            else f"(CAST({key} % {_PRIME} AS BIGINT) + {_PRIME}) % {_PRIME}"
-        )
-        mixed = f"(({mixed}) * {multiplier} + {code}) % {_PRIME}"
-    mixed = f"((({mixed}) * ({mixed}) + {square}) % {_PRIME})"
-    return f"(({mixed}) * {final} + {offset}) % {_PRIME}"
+    final, offset, second, last = _constants(salt, "spread", 4)
+    step = f"(({unit_code}) * {unit_multiplier} + {unit_offset}) % {_PRIME}"
+    by_unit = f"(({step}) * ({step}) + {unit_square}) % {_PRIME}"
+    step = f"(__mix * {key_multiplier} + ({key_code})) % {_PRIME}"
+    by_key = f"(({step}) * ({step}) + {key_square}) % {_PRIME}"
+    spread = f"(__mix * {final} + {offset}) % {_PRIME}"
+    order = f"((({spread}) * ({spread}) + {second}) % {_PRIME} * {last}) % {_PRIME}"
+    return (by_unit, by_key), order
 
 
 def _enforced(table: str, unit: str, partition: str | None) -> str:
@@ -188,8 +268,11 @@ def bounded_aggregate(
     keys = [f"__key{i}" for i in range(len(shape.group_by))]
     select = [f"{_identifier(bounds.unit)} AS __unit"]
     select += [f"{_identifier(c)} AS {k}" for c, k in zip(shape.group_by, keys, strict=True)]
+    digest, offset = _rounding_offset(
+        _identifier(bounds.unit), shape.columns[bounds.unit], salt
+    )
     select += [
-        f"{_value(m)} AS __value{i}"
+        f"{_value(m, offset)} AS __value{i}"
         for i, m in enumerate(measures)
         if m.kind is not MeasureKind.ROWS
     ]
@@ -205,6 +288,10 @@ def bounded_aggregate(
             conditions.append(f"{_identifier(column)} IS NOT NULL")
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
     source = _enforced(shape.table, bounds.unit, bounds.partition)
+    if digest is not None and any(m.kind is MeasureKind.SUM for m in measures):
+        # The rounding offset's MD5 once per row, read digit by digit by the values.
+        source = f"(SELECT *, {digest} AS __digest FROM {source}{where}) AS __rows"
+        where = ""
     ctes = [f"source AS (SELECT {', '.join(select)} FROM {source}{where})"]
 
     # One cell per (unit, group): what the unit's rows add to the group, before bounding.
@@ -234,26 +321,46 @@ def bounded_aggregate(
         bounds.max_rows_per_unit < min(domain, bounds.max_groups_per_unit) * per_group
     )
     if rank_groups or cap_unit:
-        # A unit's cells in salted-hash order: the first max_groups_per_unit are kept, and rows'
-        # worth is handed out in that order until max_rows_per_unit is used up.
+        # A unit's cells in salted (unit, key) order: the first max_groups_per_unit are kept, and
+        # rows' worth is handed out in that order until max_rows_per_unit is used up.
         key_list = ", ".join(keys)
-        kinds = [shape.columns[c] for c in shape.group_by]
-        order, ordered = _salted_order(keys, kinds, salt), "cells"
-        if not _integral(kinds):
-            # MD5 once per distinct key rather than once per cell, and the window sorts an
-            # integer: the key's rank in (MD5, key) order, which orders any two keys exactly as
-            # (MD5, key) does, whatever other keys the data holds.
-            ctes.append(
-                f"orders AS (SELECT {key_list}, ROW_NUMBER() OVER (ORDER BY {order}, {key_list}) "
-                f"AS __order FROM (SELECT DISTINCT {key_list} FROM cells) AS __keys)"
-            )
-            on = " AND ".join(f"cells.{k} = orders.{k}" for k in keys)
-            ctes.append(
-                f"ordered AS (SELECT cells.*, orders.__order FROM cells JOIN orders ON {on})"
-            )
-            order, ordered = "__order", "ordered"
-        order_by = f"PARTITION BY __unit ORDER BY {order}, {key_list}"
+        unit_kind = shape.columns[bounds.unit]
+        key_kinds = [shape.columns[c] for c in shape.group_by]
         # The window carries only what the final aggregation reads (the sort moves every column).
+        carried = ["__unit", *keys, "__rows", *cells_of.values()]
+        ordered = "cells"
+        if _integral(key_kinds):
+            key_code = _key_code(keys, key_kinds, salt)
+        else:
+            # MD5 once per distinct key, read as an integer code (of the key alone), joined on.
+            digests = f"SELECT {key_list}, {_md5(salt, 'key', keys)} AS __keydigest FROM "
+            ctes.append(
+                f"key_codes AS (SELECT {key_list}, {_hex_code('__keydigest')} AS __keycode "
+                f"FROM ({digests}(SELECT DISTINCT {key_list} FROM cells) AS __keys) "
+                "AS __digests)"
+            )
+            on = " AND ".join(f"cells.{k} = key_codes.{k}" for k in keys)
+            ctes.append(
+                f"coded AS (SELECT cells.*, key_codes.__keycode FROM cells JOIN key_codes ON {on})"
+            )
+            carried.append("__keycode")
+            key_code, ordered = "__keycode", "coded"
+        if _integral([unit_kind]):
+            unit_code = _integer_code("__unit", unit_kind)
+        else:
+            ctes.append(
+                f"digested AS (SELECT {', '.join(carried)}, "
+                f"{_md5(salt, 'unit', ['__unit'])} AS __unitdigest FROM {ordered})"
+            )
+            carried.append("__unitdigest")
+            unit_code, ordered = _hex_code("__unitdigest"), "digested"
+        steps, order = _salted_order(unit_code, key_code, salt)
+        for index, step in enumerate(steps):
+            ctes.append(
+                f"mixed{index} AS (SELECT {', '.join(carried)}, {step} AS __mix FROM {ordered})"
+            )
+            ordered = f"mixed{index}"
+        order_by = f"PARTITION BY __unit ORDER BY {order}, {key_list}"
         columns = ", ".join([*keys, "__rows", *cells_of.values()])
         # One sort of every unit's cells: splitting off the units that cannot exceed a bound
         # costs a second pass and a join, which is slower whenever many units do exceed one.
@@ -400,5 +507,58 @@ def clipping_profile(
         f"FROM {_enforced(shape.table, unit, partition)} WHERE {' AND '.join(conditions)}), "
         f"per_unit AS (SELECT __unit, {steps} FROM source GROUP BY __unit) "
         f"SELECT {totals} FROM per_unit"
+    )
+    return _in_dialect(sql, dialect)
+
+
+PROFILE_EDGES = tuple(2**b for b in range(31))
+"""Bins of a person's contribution profile: ``[1, 1], (1, 2], (2, 4], ..., (2**29, 2**30]`` and
+``> 2**30``; each person falls in exactly one bin of each statistic."""
+
+PROFILE_STATISTICS = ("rows_per_unit", "groups_per_unit", "rows_per_group")
+"""Per person: rows in all, distinct groups, and rows in their largest group."""
+
+
+def contribution_profile(
+    table: str,
+    *,
+    bounds: Bounds,
+    group_by: Sequence[str],
+    dialect: str = "duckdb",
+) -> str:
+    """SQL returning one row: ``persons``; per statistic, ``over_<statistic>`` (persons above the
+    policy's bound) and ``<statistic>_<i>`` (persons in bin i of ``PROFILE_EDGES``). Every column
+    counts each person at most once, so each moves by at most 1 between neighbours. The rows are
+    those a bounded aggregate reads (each unit in its one partition); GROUP BY keys, NULL
+    included, are the groups."""
+    unit = _identifier(bounds.unit)
+    keys = [f"{_identifier(c)} AS __key{i}" for i, c in enumerate(group_by)]
+    key_list = ", ".join(["__unit", *(f"__key{i}" for i in range(len(group_by)))])
+    source = ", ".join([f"{unit} AS __unit", *keys])
+    limits = {
+        "rows_per_unit": bounds.max_rows_per_unit,
+        "groups_per_unit": bounds.max_groups_per_unit,
+        "rows_per_group": bounds.max_rows_per_group,
+    }
+    counted = ["COUNT(*) AS persons"]
+    for statistic in PROFILE_STATISTICS:
+        counted.append(
+            f"SUM(CASE WHEN __{statistic} > {int(limits[statistic])} THEN 1 ELSE 0 END) "
+            f"AS over_{statistic}"
+        )
+        low = 0
+        for index, edge in enumerate((*PROFILE_EDGES, None)):
+            inside = f"__{statistic} > {low}"
+            if edge is not None:
+                inside += f" AND __{statistic} <= {edge}"
+            counted.append(f"SUM(CASE WHEN {inside} THEN 1 ELSE 0 END) AS {statistic}_{index}")
+            low = edge or low
+    sql = (
+        f"WITH source AS (SELECT {source} FROM {_enforced(table, bounds.unit, bounds.partition)} "
+        f"WHERE {unit} IS NOT NULL), "
+        f"cells AS (SELECT __unit, COUNT(*) AS __rows FROM source GROUP BY {key_list}), "
+        "units AS (SELECT __unit, SUM(__rows) AS __rows_per_unit, COUNT(*) AS __groups_per_unit, "
+        "MAX(__rows) AS __rows_per_group FROM cells GROUP BY __unit) "
+        f"SELECT {', '.join(counted)} FROM units"
     )
     return _in_dialect(sql, dialect)

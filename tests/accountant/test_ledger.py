@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dpsql.accountant.events import Event, MechanismEvent, ParallelEvent, SequentialEvent, total
-from dpsql.accountant.ledger import Ledger, LedgerEntry
+from dpsql.accountant.ledger import _COLUMNS, Ledger, LedgerEntry
 from dpsql.accountant.limits import Limits
 from dpsql.accountant.units import Cost
 from dpsql.errors import BudgetExceededError, LedgerError, PolicyError, PrivacyError
@@ -549,3 +549,79 @@ def test_every_event_type_can_be_charged_and_verified(path: Path) -> None:
     assert reopened.verify() == 4
     assert _spent(reopened)["alice"] == Cost.of(0.1) + Cost.of(0.3) + Cost.of(0.2)
     reopened.close()
+
+
+# --- refusal messages state a comparison that is true (issue 17) -------------------------------
+
+
+def test_a_refusal_names_the_comparison_that_fails(tmp_path: Path) -> None:
+    """Under advanced composition, 200 charges of 0.01 spend about 0.76 of a cap of 1 (basic:
+    2.0); a charge of 0.2 is refused although 0.2 < the 0.24 shown as remaining, and the message
+    says so instead of implying 0.2 > 0.24. A delta refusal names delta."""
+    ledger = Ledger(tmp_path / "advanced.sqlite", dataset=DATASET)
+    limits = Limits(Cost.cap(1.0, 1e-5), {"alice": Cost.cap(100.0, 1e-5)}, advanced_delta=1e-6)
+    ledger.set_policy(DOCUMENT, limits)
+    try:
+        for _ in range(200):
+            _charge(ledger, epsilon=0.01)
+        with pytest.raises(BudgetExceededError) as refused:
+            _charge(ledger, epsilon=0.2)
+        message = str(refused.value)
+        needs, left = re.search(
+            r"needs epsilon=([\d.e-]+).*has epsilon=([\d.e-]+)", message
+        ).groups()
+        assert float(needs) < float(left)
+        assert "the cost fits what remains, but the composed total" in message
+        with pytest.raises(BudgetExceededError, match=r"\(delta 2e-05 > 9e-06\)"):
+            _charge(ledger, epsilon=0.001, delta=2e-5)
+    finally:
+        ledger.close()
+
+
+def test_entries_record_who_acted_and_older_entries_still_verify(tmp_path: Path) -> None:
+    """A ledger written before the actor column existed opens, verifies and gains the column;
+    new entries carry the operating-system user (or what ``Ledger.actor`` says) in their hash."""
+    path = tmp_path / "old.sqlite"
+    old = LedgerEntry(
+        1,
+        "2026-01-01T00:00:00",
+        "policy",
+        DATASET,
+        None,
+        None,
+        None,
+        None,
+        json.dumps({"document": DOCUMENT, "limits": _limits().to_dict()}, sort_keys=True),
+        None,
+        0,
+        0,
+        "0" * 64,
+        "",
+    )
+    old = LedgerEntry(**{**old.__dict__, "hash": old.digest()})
+    connection = sqlite3.connect(path)
+    columns = [c for c in _COLUMNS if c != "actor"]
+    connection.execute(f"CREATE TABLE entries ({', '.join(columns)})")
+    connection.execute(
+        f"INSERT INTO entries VALUES ({', '.join('?' * len(columns))})",
+        tuple(getattr(old, c) for c in columns),
+    )
+    connection.commit()
+    connection.close()
+    ledger = Ledger(path, dataset=DATASET)
+    try:
+        assert ledger.verify() == 1
+        ledger.actor = {"os_user": "ops", "token": "service-7"}
+        entry = _charge(ledger, epsilon=0.1)
+        assert json.loads(entry.actor or "") == {"os_user": "ops", "token": "service-7"}
+        assert ledger.verify() == 2
+        assert ledger.entries()[0].actor is None
+    finally:
+        ledger.close()
+    edited = sqlite3.connect(path)
+    edited.execute("DROP TRIGGER IF EXISTS entries_no_update")
+    edited.execute('UPDATE entries SET actor = \'{"os_user": "someone else"}\' WHERE seq = 2')
+    edited.commit()
+    edited.close()
+    with pytest.raises(LedgerError, match="entry 2: its contents do not match its hash"):
+        Ledger(path, dataset=DATASET)

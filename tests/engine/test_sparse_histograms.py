@@ -153,3 +153,26 @@ def test_a_seeded_release_is_reproducible(database: Path) -> None:
         return sorted(result.rows)
 
     assert release() == release()
+
+
+def test_synopsis_answers_carry_their_error_bound(database: Path, rng) -> None:
+    """Every synopsis answer has an interval; a key absent from the data is answered within
+    [0, c* - 1] (never more than the threshold lets through) and says how good the sketch is."""
+    with seeded_connect(database, analyst="a", rng=rng) as db:
+        db.execute(
+            "SELECT url, COUNT(*) FROM hits GROUP BY url", epsilon=2.0, delta=1e-6, mechanism="alp"
+        )
+        absent = db.execute("SELECT COUNT(*) FROM hits WHERE url = 'Astronaut'")
+        heavy = db.execute("SELECT COUNT(*) FROM hits WHERE url = '/heavy/9'")
+        both = db.execute("SELECT COUNT(*) FROM hits WHERE url IN ('/heavy/9', '/light/3')")
+    ((low, high),) = absent.intervals[absent.columns[0]]
+    details = absent.details
+    assert low == 0 and high == details["unreleased_count_at_most"]
+    assert 0 <= absent.rows[0][0] <= high
+    assert details["released_by_threshold"] == [False]
+    assert details["sketch_expected_error_bound"] > 0 and "sketch_beats_zero" in details
+    ((low, high),) = heavy.intervals[heavy.columns[0]]
+    assert heavy.details["released_by_threshold"] == [True] and low <= 750 <= high
+    ((low, high),) = both.intervals[both.columns[0]]
+    assert low <= 751 <= high
+    assert "at most 1 per person per key" in heavy.measures[heavy.columns[0]]

@@ -179,3 +179,52 @@ def test_combined_release_is_epsilon_private_on_neighbours(monkeypatch, twin, pr
     total = _threshold_loss_lower_bound(outcomes, outcomes_next)
     total += _bit_loss_lower_bound(bits, bits_next)
     assert (total <= 1.0) == private
+
+
+# --- answers with their error bound (issue 17 item 4) ------------------------------------------
+
+
+def test_answers_cover_the_truth_and_the_sketch_meets_its_error_bound() -> None:
+    """3,000 keys with counts 0..59 (uniform) and 20 heavy keys of 500, ε = 1, δ = 1e-12 and
+    s = 10·k rows: every 95% interval covers its key's count at least 93% of the time (binomial
+    sd 0.4%), no answer leaves [0, c* - 1] unless released, and the sketch's mean absolute error
+    over unreleased keys stays below its expected-error bound."""
+    rng = np.random.Generator(np.random.PCG64(17))
+    counts = np.concatenate([rng.integers(0, 60, 3000), np.full(20, 500)])
+    keys = np.array([f"k{i}" for i in range(counts.size)], dtype=object)
+    out = combined.release(keys, counts, epsilon=1.0, delta=1e-12, s=10 * counts.size, rng=rng)
+    answers = [out.answer([k], confidence=0.95, keys_per_row=0.1) for k in keys]
+    covered = np.array([a.lower <= c <= a.upper for a, c in zip(answers, counts, strict=True)])
+    assert covered.mean() >= 0.93
+    unreleased = np.array([not a.released[0] for a in answers])
+    values = np.array([a.value for a in answers])
+    assert np.all(values[unreleased] <= answers[0].unreleased_ceiling)
+    error = np.abs(values[unreleased] - counts[unreleased]).mean()
+    assert error <= answers[0].sketch_error_bound
+    # ln(1/δ) = 27.6 > the bound's 5.06·α = 16.9: the sketch provably beats answering 0.
+    assert answers[0].sketch_beats_zero
+    # An IN list sums the keys' answers; its interval covers their total.
+    pair = out.answer(keys[:2], confidence=0.95, keys_per_row=0.1)
+    assert pair.lower <= counts[:2].sum() <= pair.upper
+
+
+def test_a_sketch_coarser_than_its_threshold_says_it_cannot_beat_zero() -> None:
+    """Δ = 64 at ε = 0.3 and δ = 1e-3: τ is about 9 noise scales, while the sketch's expected
+    error bound is 5.06·α' ≈ 17 of its (twice as coarse) steps; an absent key's answer is
+    clamped to [0, c* - 1] and the answer says the sketch cannot be shown to beat 0."""
+    rng = np.random.Generator(np.random.PCG64(2))
+    keys = np.array([f"k{i}" for i in range(200)], dtype=object)
+    out = combined.release(
+        keys,
+        np.full(200, 30),
+        epsilon=0.3,
+        delta=1e-3,
+        max_groups_per_unit=8,
+        max_rows_per_group=8,
+        s=2000,
+        rng=rng,
+    )
+    absent = out.answer(["Astronaut"], confidence=0.95, keys_per_row=0.1)
+    assert not absent.sketch_beats_zero
+    assert 0 <= absent.value <= absent.unreleased_ceiling == absent.upper
+    assert absent.lower == 0

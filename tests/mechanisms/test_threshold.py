@@ -292,21 +292,28 @@ def _broken_half_scale(
 )
 def test_values_of_shared_keys_are_epsilon_private(mechanism, private: bool) -> None:
     """Neighbours: a key with count 40 vs 42 (a unit adds L∞ = 2 rows); ε = 1, τ = 29."""
+    loss = _shared_key_loss(mechanism, ((40, 6), (42, 7)), delta=1e-6, groups=1, rows=2)
+    assert (loss <= 1.0) == private
+
+
+def _shared_key_loss(mechanism, neighbours, *, delta: float, groups: int, rows: int) -> float:
+    """Empirical privacy loss (lower bound) of 40,000 keys' outcomes at ε = 1 between the
+    neighbouring counts ``neighbours`` (``(count, seed)`` pairs)."""
     trials = 40_000
     samples = []
-    for count, seed in ((40, 6), (42, 7)):
+    for count, seed in neighbours:
         keys = np.arange(trials)
         out = mechanism(
             keys,
             np.full(trials, count),
             epsilon=1.0,
-            delta=1e-6,
-            max_groups_per_unit=1,
-            max_rows_per_group=2,
+            delta=delta,
+            max_groups_per_unit=groups,
+            max_rows_per_group=rows,
             rng=_rng(seed),
         )
         samples.append(_outcomes(out, keys))
-    assert (_loss_lower_bound(*samples) <= 1.0) == private
+    return _loss_lower_bound(*samples)
 
 
 # --- pure DP over a domain -------------------------------------------------------------------
@@ -518,3 +525,47 @@ def test_serialization_round_trip(kind: str) -> None:
         assert getattr(back, field) == getattr(out, field)
     with pytest.raises(ParameterError):
         threshold.ThresholdRelease.from_bytes(out.to_bytes()[:-1] if kind != "str" else b"junk")
+
+
+# --- max_rows_per_unit: the same sensitivity rule as every other GROUP BY (issue 17) ----------
+
+
+def test_max_rows_per_unit_caps_the_sensitivity_and_the_new_keys() -> None:
+    """8 groups × 8 rows but 8 rows per unit: Δ = 8 (not 64), new keys ≤ 8 with count ≤ 8."""
+    capped = {"epsilon": 0.3, "max_groups_per_unit": 8, "max_rows_per_group": 8}
+    scale = threshold.noise_scale_for(**capped, max_rows_per_unit=8)
+    assert scale == noise_scale(8, 0.3)
+    assert threshold.noise_scale_for(**capped) == noise_scale(64, 0.3)
+    out = threshold.release(
+        np.arange(3), np.full(3, 1000), delta=1e-5, max_rows_per_unit=8, rng=_rng(1), **capped
+    )
+    assert out.scale == scale and out.max_rows_per_unit == 8
+    assert out.tau == threshold.tau_for_delta(delta=1e-5, max_rows_per_unit=8, **capped)
+    # Two rows per unit: a unit creates at most 2 keys, each of count at most 2.
+    assert threshold.delta_for_tau(
+        tau=30, epsilon=1.0, max_groups_per_unit=5, max_rows_per_group=5, max_rows_per_unit=2
+    ) == threshold.delta_for_tau(
+        tau=30, epsilon=1.0, max_groups_per_unit=2, max_rows_per_group=2, max_rows_per_unit=2
+    )
+    again = threshold.ThresholdRelease.from_bytes(out.to_bytes())
+    assert again.max_rows_per_unit == 8
+
+
+def _rows_per_unit(cap: int):
+    """``threshold.release`` with ``max_rows_per_unit = cap``: 3 is the policy's below, 1 a broken
+    twin that noises for one row although a unit may add 3."""
+
+    def mechanism(keys, counts, **bounds):
+        return threshold.release(keys, counts, max_rows_per_unit=cap, **bounds)
+
+    return mechanism
+
+
+@pytest.mark.parametrize(
+    ("mechanism", "private"), [(_rows_per_unit(3), True), (_rows_per_unit(1), False)]
+)
+def test_values_are_epsilon_private_with_a_rows_per_unit_cap(mechanism, private: bool) -> None:
+    """Neighbours: a key with count 40 vs 43 (a unit adds its max_rows_per_unit = 3 rows to one
+    of its 4 × 4 possible cells); ε = 1 with Δ = min(16, 3) = 3."""
+    loss = _shared_key_loss(mechanism, ((40, 8), (43, 9)), delta=1e-3, groups=4, rows=4)
+    assert (loss <= 1.0) == private

@@ -77,12 +77,15 @@ def test_query_answers_like_the_cli_and_charges_once(server: Server) -> None:
         "analyst",
         "ledger_entry",
         "details",
+        "measures",
     }
     assert answer["columns"] == ["country", "n"]
     assert [row[0] for row in answer["rows"]] == ["DK", "NO", "SE", "FI", "IS"]
     assert answer["analyst"] == "alice" and answer["epsilon_spent"] == 0.25
     entry = charges(server)[-1]
     assert entry["seq"] == answer["ledger_entry"] and entry["analyst"] == "alice"
+    # The entry records who acted: the server's OS user and the id of alice's token.
+    assert entry["actor"]["os_user"] and f"_{entry['actor']['token']}_" in server.alice
     after = server.call("GET", "/v1/budget", server.alice).json()["lines"]
     assert after[1]["epsilon_spent"] == pytest.approx(before[1]["epsilon_spent"] + 0.25)
 
@@ -108,7 +111,7 @@ def test_csv_answers_and_ledger(server: Server) -> None:
     )
     assert by_parameter.text.splitlines()[0] == "n,n_low,n_high"
     ledger = server.call("GET", "/v1/ledger?format=csv", server.alice).text.splitlines()
-    assert ledger[0] == "seq,time,kind,analyst,epsilon,delta,mechanism,query"
+    assert ledger[0] == "seq,time,kind,analyst,os_user,epsilon,delta,mechanism,query"
     assert all(",charge,alice," in line for line in ledger[1:])
 
 

@@ -20,7 +20,7 @@ import sqlglot
 from sqlglot import exp
 
 from dpsql.sql.analyze import analyze
-from dpsql.sql.generate import Bounds, Measure, MeasureKind, bounded_aggregate
+from dpsql.sql.generate import Bounds, Measure, MeasureKind, bounded_aggregate, rounding_offset
 from dpsql.sql.parse import parse
 from dpsql.sql.shape import QueryShape
 
@@ -71,11 +71,10 @@ def _by_group(frame: pd.DataFrame, key: str, measure: str) -> dict[Any, int]:
     return {k: int(v) for k, v in zip(frame[key], frame[measure], strict=True)}
 
 
-def _rounded(value: float, grid: float) -> int:
-    """Round half away from zero, as SQL ROUND does; the tests avoid exact ties."""
-    scaled = value / grid
-    assert abs(abs(scaled - math.trunc(scaled)) - 0.5) > 1e-9, "a tie would make the test moot"
-    return int(math.copysign(math.floor(abs(scaled) + 0.5), scaled))
+def _rounded(value: float, grid: float, unit: int, salt: int = 0) -> int:
+    """Randomised rounding as documented, ``floor(value / grid + U)``, with the unit's offset U
+    from ``rounding_offset`` (the offset's Python implementation; the SQL is the other)."""
+    return math.floor(value / grid + rounding_offset(unit, salt, integral=True))
 
 
 ROWS = Measure("n", MeasureKind.ROWS)
@@ -268,9 +267,12 @@ def test_grouped_within_bounds_matches_pandas_exactly(
     ]
     frame = pd.DataFrame(rows, columns=["u", "g", "x"])
     frame = frame[frame["g"].isin(public)]
-    frame["units"] = [_rounded(min(max(v, low), high), grid) for v in frame["x"]]
-    expected = frame.groupby("g").agg(n=("x", "size"), s=("units", "sum"), c=("x", "count"))
     for salt in SALTS:
+        frame["units"] = [
+            _rounded(min(max(v, low), high), grid, u, salt)
+            for u, v in zip(frame["u"], frame["x"], strict=True)
+        ]
+        expected = frame.groupby("g").agg(n=("x", "size"), s=("units", "sum"), c=("x", "count"))
         result = _run(
             connection, shape, measures, Bounds("u", 2, 3, 6), {"g": _strings(*public)}, salt
         )
@@ -362,7 +364,7 @@ def test_sum_clamps_to_bounds_rounds_to_the_grid_and_skips_nan(
     catalog = _create(connection, "t", {"u": "BIGINT", "x": "DOUBLE"}, rows)
     shape = _shape("SELECT COUNT(*), SUM(x), AVG(x) FROM t", catalog)
     result = _run(connection, shape, _clamped_measures(clamp), Bounds("u", 1, 1, 1))
-    expected_sum = sum(_rounded(min(max(v, low), high), grid) for v in VALUES)
+    expected_sum = sum(_rounded(min(max(v, low), high), grid, u) for u, v in enumerate(VALUES))
     assert int(result["n"].iloc[0]) == len(values)
     assert int(result["s"].iloc[0]) == expected_sum
     assert int(result["c"].iloc[0]) == len(VALUES)
@@ -383,7 +385,8 @@ def test_sum_and_within_bounds_count_skip_null(
     assert int(result["n"].iloc[0]) == len(values)
     assert int(result["plain"].iloc[0]) == len(VALUES)
     assert int(result["c"].iloc[0]) == len(VALUES)
-    assert int(result["s"].iloc[0]) == sum(_rounded(min(max(v, low), high), grid) for v in VALUES)
+    expected_sum = sum(_rounded(min(max(v, low), high), grid, u) for u, v in enumerate(VALUES))
+    assert int(result["s"].iloc[0]) == expected_sum
 
 
 def test_integer_and_decimal_columns_are_clamped_too(
@@ -403,7 +406,7 @@ def test_integer_and_decimal_columns_are_clamped_too(
     ]
     result = _run(connection, shape, measures, Bounds("u", 1, 1, 1))
     assert int(result["sn"].iloc[0]) == (5 - 10 + 100 - 10) * 2
-    assert int(result["sd"].iloc[0]) == 10 - 10 + 10 + _rounded(0.3, 0.1)
+    assert int(result["sd"].iloc[0]) == 10 - 10 + 10 + _rounded(0.3, 0.1, 5)
 
 
 def test_a_unit_over_its_cap_still_contributes_about_the_cap(
@@ -558,7 +561,7 @@ def test_generated_sql_never_contains_the_users_text() -> None:
     assert "secret" not in sql
     assert "my_alias" not in sql
     assert "5 < age" not in sql
-    assert '"age" > CAST(\'5\' AS INT)' in sql
+    assert "\"age\" > CAST('5' AS INT)" in sql
 
 
 @pytest.mark.parametrize("dialect", ["spark", "postgres", "bigquery", "snowflake", "trino"])
@@ -590,3 +593,88 @@ def test_generated_sql_transpiles_to_other_dialects(dialect: str) -> None:
             assert isinstance(parsed, exp.Expression)
             if dialect == "spark":
                 assert "`x`" in sql
+
+
+# --- which groups a unit keeps: a choice per person, not per key (issue 17 item 1) -------------
+
+
+@pytest.mark.parametrize(
+    ("unit_type", "key_type"),
+    [("BIGINT", "BIGINT"), ("VARCHAR", "BIGINT"), ("BIGINT", "VARCHAR"), ("VARCHAR", "DATE")],
+)
+def test_each_person_keeps_its_own_random_group(
+    connection: duckdb.DuckDBPyConnection, unit_type: str, key_type: str
+) -> None:
+    """4,000 persons with one row in each of 8 groups and max_groups_per_unit = 1: every group
+    keeps about 4,000/8 = 500 of them (binomial sd 20.9; tolerance 5 sd per group and a
+    chi-square over the 8 groups below 24.3, its 0.001 quantile with 7 degrees of freedom). An
+    order of the key alone keeps all 4,000 in one group."""
+    persons, groups = 4_000, 8
+    connection.execute(
+        f"CREATE OR REPLACE TABLE t AS SELECT CAST(p AS {unit_type}) AS u, "
+        f"CAST(CASE WHEN '{key_type}' = 'DATE' THEN CAST(DATE '1983-01-01' + CAST(y AS INTEGER) "
+        f"AS VARCHAR) ELSE CAST(1983 + y AS VARCHAR) END AS {key_type}) AS g "
+        f"FROM range({persons}) a(p), range({groups}) b(y)"
+    )
+    shape = _shape("SELECT g, COUNT(*) FROM t GROUP BY g", {"t": {"u": unit_type, "g": key_type}})
+    expected = persons / groups
+    sd = math.sqrt(persons * (1 / groups) * (1 - 1 / groups))
+    for salt in SALTS:
+        counts = _run(connection, shape, [ROWS], Bounds("u", 1, 1, 1), salt=salt)["n"].to_numpy()
+        assert counts.size == groups and counts.sum() == persons
+        assert np.all(np.abs(counts - expected) < 5 * sd), (salt, counts.tolist())
+        assert float(((counts - expected) ** 2 / expected).sum()) < 24.3, (salt, counts.tolist())
+
+
+def test_the_kept_group_of_a_person_depends_on_their_own_rows_only(
+    connection: duckdb.DuckDBPyConnection,
+) -> None:
+    """Adding other persons (with other units and keys) never changes what one person keeps."""
+    connection.execute(
+        "CREATE OR REPLACE TABLE t AS SELECT p AS u, 1983 + y AS g FROM range(50) a(p), "
+        "range(8) b(y)"
+    )
+    shape = _shape("SELECT g, COUNT(*) FROM t GROUP BY g", {"t": {"u": "BIGINT", "g": "BIGINT"}})
+    alone = {}
+    for person in range(50):
+        connection.execute(f"CREATE OR REPLACE TABLE one AS SELECT * FROM t WHERE u = {person}")
+        solo = _shape(
+            "SELECT g, COUNT(*) FROM one GROUP BY g", {"one": {"u": "BIGINT", "g": "BIGINT"}}
+        )
+        frame = _run(connection, solo, [ROWS], Bounds("u", 1, 1, 1), salt=11)
+        alone[person] = int(frame.loc[frame["n"] > 0, "g"].iloc[0])
+    together = _by_group(_run(connection, shape, [ROWS], Bounds("u", 1, 1, 1), salt=11), "g", "n")
+    assert together == {g: list(alone.values()).count(g) for g in set(alone.values())}
+    assert len(together) > 1
+
+
+def test_sums_are_rounded_to_the_grid_without_bias(connection: duckdb.DuckDBPyConnection) -> None:
+    """2,000 persons each with hours = 2,080, half-way between two points of a 64-hour grid
+    (32.5 units): over 10 salts the mean rounded value is 32.5 within 0.02 (each salt's mean has
+    sd 0.5/sqrt(2000) = 0.011), where rounding half away from zero gives 33 every time. Every
+    rounded value stays within [FLOOR(low/g), CEIL(high/g)], as the sensitivity assumes."""
+    connection.execute(
+        "CREATE OR REPLACE TABLE t AS SELECT p AS u, 2080.0 AS x FROM range(2000) a(p)"
+    )
+    shape = _shape("SELECT SUM(x) FROM t", {"t": {"u": "BIGINT", "x": "DOUBLE"}})
+    measures = [Measure("s", MeasureKind.SUM, "x", (0.0, 4000.0, 64.0))]
+    means = [
+        int(_run(connection, shape, measures, Bounds("u", 1, 1, 1), salt=salt)["s"].iloc[0]) / 2000
+        for salt in range(10)
+    ]
+    assert abs(float(np.mean(means)) - 32.5) < 0.02
+    assert all(32 <= m <= 33 for m in means)
+
+
+def test_text_units_round_with_their_md5_offset(connection: duckdb.DuckDBPyConnection) -> None:
+    """A text unit's offset is read from MD5('<salt>|dither|<unit>'), the same in Python."""
+    rows = [(f"person-{i}", 0.3 + i) for i in range(20)]
+    catalog = _create(connection, "t", {"u": "VARCHAR", "x": "DOUBLE"}, rows)
+    shape = _shape("SELECT SUM(x) FROM t", catalog)
+    measures = [Measure("s", MeasureKind.SUM, "x", (0.0, 100.0, 0.5))]
+    for salt in SALTS[:3]:
+        result = _run(connection, shape, measures, Bounds("u", 1, 1, 1), salt=salt)
+        expected = sum(
+            math.floor(x / 0.5 + rounding_offset(u, salt, integral=False)) for u, x in rows
+        )
+        assert int(result["s"].iloc[0]) == expected
