@@ -95,6 +95,7 @@ def run_service(settings: ServerSettings, *, host: str, port: int, workers: int)
         port=port,
         workers=workers,
         log_level="warning",
+        access_log=False,  # the ledger is the audit trail; a log line per request costs latency
     )
     listening = _listening_socket(host, port)
     click.echo(
