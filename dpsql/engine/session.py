@@ -203,6 +203,10 @@ class Session:
         self.progress = progress
         self._backend_reports_progress = accepts_progress(self.backend.run)
         self._binder = Binder(self.backend, self.backend.catalog())
+        # Released answers and synopses live in the ledger file too: opened once per session,
+        # not once per query.
+        self._results = ResultStore(ledger_path(database))
+        self._synopsis_store = SynopsisStore(ledger_path(database))
 
     def _load_policy(self) -> Policy:
         document = self._ledger.policy()
@@ -221,6 +225,8 @@ class Session:
 
     def close(self) -> None:
         self.backend.close()
+        self._results.close()
+        self._synopsis_store.close()
         self._ledger.close()
 
     # planning -----------------------------------------------------------------------------------
@@ -380,20 +386,12 @@ class Session:
 
     def _kept(self, result: QueryResult) -> QueryResult:
         """Store a released answer under its ledger entry (``dpsql result N``), return it."""
-        store = ResultStore(ledger_path(self.database))
-        try:
-            store.save(result)
-        finally:
-            store.close()
+        self._results.save(result)
         return result
 
     def result(self, seq: int) -> QueryResult:
         """An answer this analyst already paid for (ledger entry ``seq``), again, for free."""
-        store = ResultStore(ledger_path(self.database))
-        try:
-            return store.get(seq, self.analyst)
-        finally:
-            store.close()
+        return self._results.get(seq, self.analyst)
 
     def contributions(
         self,
@@ -559,37 +557,30 @@ class Session:
     ) -> None:
         release = plan.key_release
         assert release is not None
-        store = self._synopses()
-        try:
-            store.save(
-                Synopsis(
-                    name=f"{plan.shape.table}_{release.column}_{entry.seq}",
-                    created=synopsis_time(),
-                    table=plan.shape.table,
-                    column=release.column,
-                    filters=conjuncts(plan.shape.where),
-                    epsilon=plan.epsilon,
-                    delta=release.delta,
-                    mechanism="combined",
-                    ledger_entry=entry.seq,
-                    params={
-                        "tau": int(structure.threshold.tau),
-                        "seed": structure.seed,
-                        "split": structure.split,
-                        "contribution_bounds": {
-                            "max_groups_per_unit": plan.bounds.max_groups_per_unit,
-                            "max_rows_per_group": plan.bounds.max_rows_per_group,
-                            "max_rows_per_unit": plan.bounds.max_rows_per_unit,
-                        },
+        self._synopsis_store.save(
+            Synopsis(
+                name=f"{plan.shape.table}_{release.column}_{entry.seq}",
+                created=synopsis_time(),
+                table=plan.shape.table,
+                column=release.column,
+                filters=conjuncts(plan.shape.where),
+                epsilon=plan.epsilon,
+                delta=release.delta,
+                mechanism="combined",
+                ledger_entry=entry.seq,
+                params={
+                    "tau": int(structure.threshold.tau),
+                    "seed": structure.seed,
+                    "split": structure.split,
+                    "contribution_bounds": {
+                        "max_groups_per_unit": plan.bounds.max_groups_per_unit,
+                        "max_rows_per_group": plan.bounds.max_rows_per_group,
+                        "max_rows_per_unit": plan.bounds.max_rows_per_unit,
                     },
-                    data=structure.to_bytes(),
-                )
+                },
+                data=structure.to_bytes(),
             )
-        finally:
-            store.close()
-
-    def _synopses(self) -> SynopsisStore:
-        return SynopsisStore(ledger_path(self.database))
+        )
 
     def _synopsis_owner(self) -> str | None:
         """Whose synopses answer this analyst: their own, or everyone's if the policy shares."""
@@ -597,11 +588,7 @@ class Session:
 
     def synopses(self) -> list[dict[str, Any]]:
         """The stored synopses this analyst may use (parameters only, never the bytes)."""
-        store = self._synopses()
-        try:
-            return [s.describe() for s in store.all(self._synopsis_owner())]
-        finally:
-            store.close()
+        return [s.describe() for s in self._synopsis_store.all(self._synopsis_owner())]
 
     def _synopsis_for(
         self, shape: QueryShape, mechanism: str | None
@@ -611,14 +598,12 @@ class Session:
         readings = point_queries(shape)
         if not readings:
             return None
-        store = self._synopses()
-        try:
-            for query in readings:
-                found = store.find(shape.table, query.column, query.filters, self._synopsis_owner())
-                if found is not None:
-                    return found, query
-        finally:
-            store.close()
+        for query in readings:
+            found = self._synopsis_store.find(
+                shape.table, query.column, query.filters, self._synopsis_owner()
+            )
+            if found is not None:
+                return found, query
         return None
 
     def _from_synopsis(
