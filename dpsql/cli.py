@@ -76,10 +76,19 @@ def print_result(
     )
 
 
-def print_budget(report: BudgetReport, output_format: str) -> None:
+def print_listing(
+    document: object, title: str, columns: list[str], rows: list[list[Any]], output_format: str
+) -> None:
+    """``document`` as JSON, or ``rows`` under ``columns`` as CSV or a table titled ``title``."""
     if output_format == "json":
-        click.echo(json.dumps(report.model_dump()))
-        return
+        click.echo(json.dumps(document))
+    elif output_format == "csv":
+        print_csv(columns, rows)
+    else:
+        print_table(title, columns, rows)
+
+
+def print_budget(report: BudgetReport, output_format: str) -> None:
     columns = [
         "scope",
         "name",
@@ -91,33 +100,18 @@ def print_budget(report: BudgetReport, output_format: str) -> None:
         "delta_remaining",
     ]
     rows = [[getattr(line, c) for c in columns] for line in report.lines]
-    if output_format == "csv":
-        print_csv(columns, rows)
-    else:
-        print_table("Privacy budget", columns, rows)
+    print_listing(report.model_dump(), "Privacy budget", columns, rows, output_format)
 
 
 def print_synopses(listed: list[dict[str, Any]], output_format: str) -> None:
-    if output_format == "json":
-        click.echo(json.dumps(listed))
-        return
     columns = ["name", "table", "key_column", "filters", "epsilon", "delta", "created", "bytes"]
     rows = [[s[c] if c != "filters" else " AND ".join(s[c]) for c in columns] for s in listed]
-    if output_format == "csv":
-        print_csv(columns, rows)
-    else:
-        print_table("Synopses", columns, rows)
+    print_listing(listed, "Synopses", columns, rows, output_format)
 
 
 def print_ledger(entries: list[dict[str, Any]], output_format: str) -> None:
-    if output_format == "json":
-        click.echo(json.dumps(entries))
-        return
     rows = [[e.get(c) for c in LEDGER_COLUMNS] for e in entries]
-    if output_format == "csv":
-        print_csv(LEDGER_COLUMNS, rows)
-    else:
-        print_table("Ledger", LEDGER_COLUMNS, rows)
+    print_listing(entries, "Ledger", LEDGER_COLUMNS, rows, output_format)
 
 
 @click.group()

@@ -340,35 +340,34 @@ class Ledger:
                         f"they already spent (epsilon={used.epsilon:g}, delta={used.delta:g})"
                     )
             payload = {"document": document, "limits": limits.to_dict()}
-            return self._append(
-                connection,
-                kind="policy",
-                analyst=None,
-                query=None,
-                plan=None,
-                mechanism=None,
-                payload=json.dumps(payload, sort_keys=True),
-                partition=None,
-                epsilon_units=0,
-                delta_units=0,
-            )
+            return self._append_record(connection, "policy", None, payload)
 
     def record_token_event(self, *, analyst: str, payload: dict[str, Any]) -> LedgerEntry:
         """Append a zero-cost ``token`` entry (an access token created or revoked)."""
         with self._transaction() as connection:
             _allow_token_entries(connection)
-            return self._append(
-                connection,
-                kind="token",
-                analyst=analyst,
-                query=None,
-                plan=None,
-                mechanism=None,
-                payload=json.dumps(payload, sort_keys=True),
-                partition=None,
-                epsilon_units=0,
-                delta_units=0,
-            )
+            return self._append_record(connection, "token", analyst, payload)
+
+    def _append_record(
+        self,
+        connection: sqlite3.Connection,
+        kind: str,
+        analyst: str | None,
+        payload: dict[str, Any],
+    ) -> LedgerEntry:
+        """Append an entry that spends nothing (a policy change, a token event)."""
+        return self._append(
+            connection,
+            kind=kind,
+            analyst=analyst,
+            query=None,
+            plan=None,
+            mechanism=None,
+            payload=json.dumps(payload, sort_keys=True),
+            partition=None,
+            epsilon_units=0,
+            delta_units=0,
+        )
 
     def charge(
         self,

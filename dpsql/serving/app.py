@@ -230,13 +230,7 @@ async def query(
     body = _checked(service, body)
     result = await service.in_session(
         identity,
-        lambda s: _asked(s, body).execute(
-            body.sql,
-            epsilon=body.epsilon,
-            delta=body.delta,
-            mechanism=body.mechanism,
-            max_answers=body.max_answers,
-        ),
+        lambda s: _asked(s, body).execute(body.sql, **body.options()),
     )
     if _wants_csv(request, output_format):
         return _csv(*result.interval_table())
@@ -251,13 +245,7 @@ async def explain(body: models.QueryRequest, service: Service, identity: Analyst
     body = _checked(service, body)
     report = await service.in_session(
         identity,
-        lambda s: _asked(s, body).explain(
-            body.sql,
-            epsilon=body.epsilon,
-            delta=body.delta,
-            mechanism=body.mechanism,
-            max_answers=body.max_answers,
-        ),
+        lambda s: _asked(s, body).explain(body.sql, **body.options()),
     )
     return StrictJSONResponse(report)
 

@@ -37,6 +37,15 @@ class QueryRequest(BaseModel):
     max_answers: int | None = Field(None, description="cut-off of the sparse vector technique")
     dialect: str = Field("duckdb", max_length=32, description="SQL dialect of `sql` (sqlglot's)")
 
+    def options(self) -> dict[str, Any]:
+        """The keyword arguments of ``Session.execute``/``explain`` this request gives."""
+        return {
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "mechanism": self.mechanism,
+            "max_answers": self.max_answers,
+        }
+
 
 class QueryResponse(BaseModel):
     """The JSON of ``dpsql query --format json``."""
