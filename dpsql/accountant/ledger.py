@@ -10,6 +10,7 @@ and a ledger that fails verification, or cannot be read, stops all queries (fail
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import getpass
 import hashlib
 import json
@@ -79,11 +80,16 @@ _COLUMNS = (
 def current_actor() -> dict[str, Any]:
     """Who is acting, as recorded in every new entry: the operating-system user (the HTTP
     service adds its token's name through ``Ledger.actor``)."""
+    return {"os_user": _os_user()}
+
+
+@functools.cache
+def _os_user() -> str:
+    """This process's operating-system user (looked up once: it does not change)."""
     try:
-        user = getpass.getuser()
+        return getpass.getuser()
     except (KeyError, OSError):
-        user = f"uid {os.getuid()}" if hasattr(os, "getuid") else "unknown"
-    return {"os_user": user}
+        return f"uid {os.getuid()}" if hasattr(os, "getuid") else "unknown"
 
 
 @dataclass(frozen=True)

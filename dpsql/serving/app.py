@@ -22,7 +22,6 @@ from typing import Annotated, Any, Literal, TypeVar
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 from starlette.exceptions import HTTPException
@@ -41,6 +40,7 @@ from dpsql.serving.tokens import Identity, TokenStore
 __all__ = ["SETTINGS_VARIABLE", "app_from_environment", "create_app"]
 
 SETTINGS_VARIABLE = "DPSQL_SERVE_SETTINGS"
+VERSION = version("dpsql")
 CONSOLE = Path(__file__).parent / "console"
 _log = logging.getLogger("dpsql.serving")
 T = TypeVar("T")
@@ -147,44 +147,46 @@ async def _service(request: Request) -> _Service:
     return request.app.state.service
 
 
-_bearer = HTTPBearer(auto_error=False, description="a token from `dpsql token create`")
-# Dependencies are coroutines: FastAPI would run plain functions on a thread each (one hop per
-# dependency and request); all of them are quick (the token lookup is one indexed SQLite read).
+# One dependency per endpoint, and a coroutine: FastAPI runs plain functions on a thread each (a
+# hop per dependency and request), and every level of nesting costs a dependency solve; all of
+# this is quick (the token lookup is one indexed SQLite read).
 Service = Annotated[_Service, Depends(_service)]
+BEARER = {"type": "http", "scheme": "bearer", "description": "a token from `dpsql token create`"}
 
 
-async def _caller(
-    service: Service,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Identity:
-    if credentials is None:
+def _identify(request: Request, role: str | None) -> Identity:
+    """The caller named by the request's bearer token, admitted by the rate limit, in ``role``."""
+    service: _Service = request.app.state.service
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
         raise AccessError("missing token: send 'Authorization: Bearer <token>'", status=401)
-    identity = service.tokens.authenticate(credentials.credentials)
+    identity = service.tokens.authenticate(token.strip())
     if identity is None:
         raise AccessError("invalid or revoked token", status=401)
     wait = service.limiter.admit(identity.token_id)
     if wait is not None:
         raise _RateLimited(service.settings.rate_per_minute, wait)
-    return identity
-
-
-Caller = Annotated[Identity, Depends(_caller)]
-
-
-async def _analyst(identity: Caller) -> Identity:
-    if identity.role != "analyst":
-        raise AccessError(f"role {identity.role!r} cannot query; use an analyst token", status=403)
-    return identity
-
-
-async def _auditor(identity: Caller) -> Identity:
-    if identity.role != "auditor":
+    if role is not None and identity.role != role:
+        action = "query" if role == "analyst" else "do this"
         raise AccessError(
-            f"role {identity.role!r} cannot do this; use an auditor token", status=403
+            f"role {identity.role!r} cannot {action}; use an {role} token", status=403
         )
     return identity
 
 
+async def _caller(request: Request) -> Identity:
+    return _identify(request, None)
+
+
+async def _analyst(request: Request) -> Identity:
+    return _identify(request, "analyst")
+
+
+async def _auditor(request: Request) -> Identity:
+    return _identify(request, "auditor")
+
+
+Caller = Annotated[Identity, Depends(_caller)]
 Analyst = Annotated[Identity, Depends(_analyst)]
 Auditor = Annotated[Identity, Depends(_auditor)]
 Format = Annotated[Literal["json", "csv"] | None, Query(alias="format")]
@@ -207,6 +209,11 @@ _PROBLEM = {"description": "RFC 9457 problem details", "content": {PROBLEM_MEDIA
 _REFUSALS: dict[int | str, dict[str, Any]] = {
     status: _PROBLEM for status in (400, 401, 403, 409, 413, 429, 500, 503, 504)
 }
+# Every endpoint but the health check needs a token: its refusals and its security requirement.
+_TOKEN: dict[str, Any] = {
+    "responses": _REFUSALS,
+    "openapi_extra": {"security": [{"bearer": []}]},
+}
 router = APIRouter()
 
 
@@ -214,6 +221,7 @@ router = APIRouter()
     "/v1/query",
     response_model=models.QueryResponse,
     responses={**_REFUSALS, 200: {"content": {"text/csv": {}}}},
+    openapi_extra=_TOKEN["openapi_extra"],
     tags=["analyst"],
 )
 async def query(
@@ -237,9 +245,7 @@ async def query(
     return StrictJSONResponse(result.to_dict())
 
 
-@router.post(
-    "/v1/explain", response_model=models.ExplainResponse, responses=_REFUSALS, tags=["analyst"]
-)
+@router.post("/v1/explain", response_model=models.ExplainResponse, **_TOKEN, tags=["analyst"])
 async def explain(body: models.QueryRequest, service: Service, identity: Analyst) -> Response:
     """Plan, cost and the budget it draws on; reads no data and charges nothing."""
     body = _checked(service, body)
@@ -250,7 +256,7 @@ async def explain(body: models.QueryRequest, service: Service, identity: Analyst
     return StrictJSONResponse(report)
 
 
-@router.get("/v1/budget", responses=_REFUSALS, tags=["analyst", "auditor"])
+@router.get("/v1/budget", **_TOKEN, tags=["analyst", "auditor"])
 async def budget(service: Service, identity: Caller) -> Response:
     """Cap, spent and remaining: the dataset and the caller (an auditor: every analyst)."""
     if identity.role == "auditor":
@@ -260,7 +266,7 @@ async def budget(service: Service, identity: Caller) -> Response:
     return StrictJSONResponse(report.model_dump())
 
 
-@router.get("/v1/ledger", responses=_REFUSALS, tags=["analyst", "auditor"])
+@router.get("/v1/ledger", **_TOKEN, tags=["analyst", "auditor"])
 async def ledger(
     request: Request, service: Service, identity: Caller, output_format: Format = None
 ) -> Response:
@@ -282,7 +288,7 @@ async def ledger(
 @router.get(
     "/v1/ledger/verify",
     response_model=models.VerifyResponse,
-    responses=_REFUSALS,
+    **_TOKEN,
     tags=["auditor"],
 )
 async def verify(service: Service, identity: Auditor) -> Response:
@@ -300,7 +306,7 @@ async def verify(service: Service, identity: Auditor) -> Response:
     )
 
 
-@router.get("/v1/synopses", responses=_REFUSALS, tags=["analyst", "auditor"])
+@router.get("/v1/synopses", **_TOKEN, tags=["analyst", "auditor"])
 async def synopses(service: Service, identity: Caller) -> Response:
     """Stored synopses the caller may use (parameters only, never the bytes)."""
     if identity.role == "auditor":
@@ -310,7 +316,7 @@ async def synopses(service: Service, identity: Caller) -> Response:
     return StrictJSONResponse(listed)
 
 
-@router.get("/v1/me", response_model=models.Me, responses=_REFUSALS, tags=["session"])
+@router.get("/v1/me", response_model=models.Me, **_TOKEN, tags=["session"])
 async def me(identity: Caller) -> Response:
     """The name and role the token stands for."""
     return StrictJSONResponse({"name": identity.name, "role": identity.role})
@@ -319,7 +325,7 @@ async def me(identity: Caller) -> Response:
 @router.get("/v1/health", tags=["session"])
 async def health() -> dict[str, str]:
     """Liveness; needs no token and says nothing about the data."""
-    return {"status": "ok", "version": version("dpsql")}
+    return {"status": "ok", "version": VERSION}
 
 
 @router.get("/", include_in_schema=False)
@@ -363,6 +369,16 @@ def _too_large(limit: int) -> Response:
     )
 
 
+def _with_bearer(app: FastAPI) -> dict[str, Any]:
+    """The OpenAPI document, declaring the bearer scheme the endpoints' security names (the
+    token is read by ``_identify``, not by a FastAPI security dependency)."""
+    if app.openapi_schema is None:
+        schema = FastAPI.openapi(app)
+        schema.setdefault("components", {})["securitySchemes"] = {"bearer": BEARER}
+        app.openapi_schema = schema
+    return app.openapi_schema
+
+
 def create_app(settings: ServerSettings) -> FastAPI:
     """The service over ``settings.database`` (its policy must be set)."""
     database = Path(settings.database)
@@ -386,7 +402,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
     # machines may have no route to the internet).
     app = FastAPIOffline(
         title="dpsql",
-        version=version("dpsql"),
+        version=VERSION,
         summary="Differentially private SQL over one database, with a privacy ledger.",
         description=(
             "Send `Authorization: Bearer <token>` (from `dpsql token create`). Analysts query, "
@@ -397,6 +413,7 @@ def create_app(settings: ServerSettings) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.service = service
+    app.openapi = lambda: _with_bearer(app)  # type: ignore[method-assign]
     app.include_router(router)
     app.mount("/console", StaticFiles(directory=CONSOLE), name="console")
     app.add_exception_handler(DpsqlError, _refused)

@@ -46,9 +46,18 @@ def assert_problem(response: httpx.Response, status: int, kind: str) -> dict:
 
 def test_health_openapi_and_docs(server: Server) -> None:
     assert server.call("GET", "/v1/health", None).json()["status"] == "ok"
-    paths = server.call("GET", "/openapi.json", None).json()["paths"]
+    document = server.call("GET", "/openapi.json", None).json()
+    paths = document["paths"]
     for path in ("/v1/query", "/v1/explain", "/v1/budget", "/v1/ledger", "/v1/ledger/verify"):
         assert path in paths
+    assert document["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
+    secured = {
+        path
+        for path, operations in paths.items()
+        for operation in operations.values()
+        if operation.get("security") == [{"bearer": []}]
+    }
+    assert secured == set(paths) - {"/v1/health"}
     assert "swagger" in server.call("GET", "/docs", None).text.lower()
     console = server.call("GET", "/", None)
     assert "<title>dpsql console</title>" in console.text
