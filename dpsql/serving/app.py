@@ -17,13 +17,14 @@ from dataclasses import dataclass
 from datetime import date, datetime
 from importlib.metadata import version
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Any, TypeVar
 
-from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
+from pydantic import ValidationError
 from starlette.exceptions import HTTPException
 
 from dpsql.accountant.ledger import current_actor
@@ -99,12 +100,6 @@ def _csv(columns: list[str], rows: list[list[Any]]) -> Response:
     return Response(csv_text(columns, _plain(rows)), media_type="text/csv; charset=utf-8")
 
 
-def _wants_csv(request: Request, output_format: str | None) -> bool:
-    if output_format is not None:
-        return output_format == "csv"
-    return "text/csv" in request.headers.get("accept", "")
-
-
 @dataclass(frozen=True)
 class _Service:
     """What every request of one worker shares."""
@@ -143,19 +138,17 @@ class _Service:
         return await self._run(lambda _: work(), None)
 
 
-async def _service(request: Request) -> _Service:
-    return request.app.state.service
-
-
-# One dependency per endpoint, and a coroutine: FastAPI runs plain functions on a thread each (a
-# hop per dependency and request), and every level of nesting costs a dependency solve; all of
-# this is quick (the token lookup is one indexed SQLite read).
-Service = Annotated[_Service, Depends(_service)]
 BEARER = {"type": "http", "scheme": "bearer", "description": "a token from `dpsql token create`"}
 
 
-def _identify(request: Request, role: str | None) -> Identity:
-    """The caller named by the request's bearer token, admitted by the rate limit, in ``role``."""
+def _identify(request: Request, role: str | None) -> tuple[_Service, Identity]:
+    """The worker's service and the caller named by the request's bearer token, admitted by the
+    rate limit, in ``role`` (any role when None).
+
+    Endpoints call this themselves rather than declaring FastAPI dependencies: each dependency
+    (and each body or query parameter) costs a solve per request, which was most of what the
+    service added to a query's latency; the OpenAPI document declares the same contract.
+    """
     service: _Service = request.app.state.service
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
@@ -171,25 +164,39 @@ def _identify(request: Request, role: str | None) -> Identity:
         raise AccessError(
             f"role {identity.role!r} cannot {action}; use an {role} token", status=403
         )
-    return identity
+    return service, identity
 
 
-async def _caller(request: Request) -> Identity:
-    return _identify(request, None)
+def _invalid_parameter(where: str, message: str) -> RequestValidationError:
+    return RequestValidationError([{"loc": (where,), "msg": message, "type": "value_error"}])
 
 
-async def _analyst(request: Request) -> Identity:
-    return _identify(request, "analyst")
+async def _query_request(request: Request, service: _Service) -> models.QueryRequest:
+    """The request's JSON body as a ``QueryRequest`` (pydantic parses the bytes directly),
+    within the administrator's SQL length."""
+    content_type = request.headers.get("content-type", "application/json").split(";")[0].strip()
+    if not (content_type == "application/json" or content_type.endswith("+json")):
+        raise _invalid_parameter(
+            "body", f"send JSON (Content-Type: application/json), got {content_type}"
+        )
+    try:
+        body = models.QueryRequest.model_validate_json(await request.body())
+    except ValidationError as error:
+        raise RequestValidationError(error.errors(include_url=False, include_input=False)) from None
+    limit = service.settings.max_sql_length
+    if len(body.sql) > limit:
+        raise ServiceError(f"sql has {len(body.sql)} characters; the limit is {limit}", status=413)
+    return body
 
 
-async def _auditor(request: Request) -> Identity:
-    return _identify(request, "auditor")
-
-
-Caller = Annotated[Identity, Depends(_caller)]
-Analyst = Annotated[Identity, Depends(_analyst)]
-Auditor = Annotated[Identity, Depends(_auditor)]
-Format = Annotated[Literal["json", "csv"] | None, Query(alias="format")]
+def _wants_csv(request: Request) -> bool:
+    """``?format=csv``, or ``Accept: text/csv`` without a ``format``."""
+    output_format = request.query_params.get("format")
+    if output_format is None:
+        return "text/csv" in request.headers.get("accept", "")
+    if output_format not in ("json", "csv"):
+        raise _invalid_parameter("format", f"must be 'json' or 'csv', got {output_format!r}")
+    return output_format == "csv"
 
 
 def _asked(session: Session, body: models.QueryRequest) -> Session:
@@ -198,57 +205,71 @@ def _asked(session: Session, body: models.QueryRequest) -> Session:
     return session
 
 
-def _checked(service: _Service, body: models.QueryRequest) -> models.QueryRequest:
-    limit = service.settings.max_sql_length
-    if len(body.sql) > limit:
-        raise ServiceError(f"sql has {len(body.sql)} characters; the limit is {limit}", status=413)
-    return body
-
-
 _PROBLEM = {"description": "RFC 9457 problem details", "content": {PROBLEM_MEDIA_TYPE: {}}}
 _REFUSALS: dict[int | str, dict[str, Any]] = {
     status: _PROBLEM for status in (400, 401, 403, 409, 413, 429, 500, 503, 504)
 }
-# Every endpoint but the health check needs a token: its refusals and its security requirement.
-_TOKEN: dict[str, Any] = {
-    "responses": _REFUSALS,
-    "openapi_extra": {"security": [{"bearer": []}]},
+_SECURITY = [{"bearer": []}]
+_FORMAT = {
+    "name": "format",
+    "in": "query",
+    "required": False,
+    "description": "`csv` for CSV (as `Accept: text/csv`); `json` by default",
+    "schema": {"type": "string", "enum": ["json", "csv"]},
+}
+_QUERY_BODY = {
+    "required": True,
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/QueryRequest"}}},
 }
 router = APIRouter()
 
 
-@router.post(
-    "/v1/query",
-    response_model=models.QueryResponse,
-    responses={**_REFUSALS, 200: {"content": {"text/csv": {}}}},
-    openapi_extra=_TOKEN["openapi_extra"],
-    tags=["analyst"],
+def _documented(
+    method: str, path: str, *, tags: list[str], body: bool = False, csv: bool = False, **kwargs: Any
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """Register an endpoint that needs a token, with its contract in the OpenAPI document: the
+    bearer security, the refusals, and (read by the endpoint itself) a ``QueryRequest`` body
+    and the ``format`` parameter."""
+    extra: dict[str, Any] = {"security": _SECURITY}
+    if body:
+        extra["requestBody"] = _QUERY_BODY
+    if csv:
+        extra["parameters"] = [_FORMAT]
+    responses: dict[int | str, dict[str, Any]] = dict(_REFUSALS)
+    if csv:
+        responses[200] = {"content": {"text/csv": {}}}
+    return router.api_route(
+        path, methods=[method], tags=tags, responses=responses, openapi_extra=extra, **kwargs
+    )
+
+
+@_documented(
+    "POST", "/v1/query", response_model=models.QueryResponse, body=True, csv=True, tags=["analyst"]
 )
-async def query(
-    body: models.QueryRequest,
-    request: Request,
-    service: Service,
-    identity: Analyst,
-    output_format: Format = None,
-) -> Response:
+async def query(request: Request) -> Response:
     """Answer the SQL with differential privacy, charging the caller's allocation first.
 
     `Accept: text/csv` (or `?format=csv`) gives CSV with `<col>_low`/`<col>_high` columns.
     """
-    body = _checked(service, body)
+    service, identity = _identify(request, "analyst")
+    body = await _query_request(request, service)
+    as_csv = _wants_csv(request)
     result = await service.in_session(
         identity,
         lambda s: _asked(s, body).execute(body.sql, **body.options()),
     )
-    if _wants_csv(request, output_format):
+    if as_csv:
         return _csv(*result.interval_table())
     return StrictJSONResponse(result.to_dict())
 
 
-@router.post("/v1/explain", response_model=models.ExplainResponse, **_TOKEN, tags=["analyst"])
-async def explain(body: models.QueryRequest, service: Service, identity: Analyst) -> Response:
+@_documented(
+    "POST", "/v1/explain", response_model=models.ExplainResponse, body=True, tags=["analyst"]
+)
+async def explain(request: Request) -> Response:
     """Plan, cost and the budget it draws on; reads no data and charges nothing."""
-    body = _checked(service, body)
+    service, identity = _identify(request, "analyst")
+    body = await _query_request(request, service)
     report = await service.in_session(
         identity,
         lambda s: _asked(s, body).explain(body.sql, **body.options()),
@@ -256,9 +277,10 @@ async def explain(body: models.QueryRequest, service: Service, identity: Analyst
     return StrictJSONResponse(report)
 
 
-@router.get("/v1/budget", **_TOKEN, tags=["analyst", "auditor"])
-async def budget(service: Service, identity: Caller) -> Response:
+@_documented("GET", "/v1/budget", tags=["analyst", "auditor"])
+async def budget(request: Request) -> Response:
     """Cap, spent and remaining: the dataset and the caller (an auditor: every analyst)."""
+    service, identity = _identify(request, None)
     if identity.role == "auditor":
         report = await service.in_thread(lambda: database_budget(service.database))
     else:
@@ -266,33 +288,29 @@ async def budget(service: Service, identity: Caller) -> Response:
     return StrictJSONResponse(report.model_dump())
 
 
-@router.get("/v1/ledger", **_TOKEN, tags=["analyst", "auditor"])
-async def ledger(
-    request: Request, service: Service, identity: Caller, output_format: Format = None
-) -> Response:
+@_documented("GET", "/v1/ledger", csv=True, tags=["analyst", "auditor"])
+async def ledger(request: Request) -> Response:
     """Ledger entries, oldest first: an analyst's own charges, or every entry for an auditor.
 
     `?format=csv` (or `Accept: text/csv`) gives the columns of `dpsql ledger --format csv`.
     """
+    service, identity = _identify(request, None)
+    as_csv = _wants_csv(request)
     if identity.role == "auditor":
         entries = await service.in_thread(lambda: database_ledger(service.database))
     else:
         # Session.ledger() holds the analyst's own entries; the service shows their charges.
         own = await service.in_session(identity, lambda s: s.ledger())
         entries = [e for e in own if e["kind"] == "charge" and e["analyst"] == identity.name]
-    if _wants_csv(request, output_format):
+    if as_csv:
         return _csv(LEDGER_COLUMNS, [[e.get(c) for c in LEDGER_COLUMNS] for e in entries])
     return StrictJSONResponse(entries)
 
 
-@router.get(
-    "/v1/ledger/verify",
-    response_model=models.VerifyResponse,
-    **_TOKEN,
-    tags=["auditor"],
-)
-async def verify(service: Service, identity: Auditor) -> Response:
+@_documented("GET", "/v1/ledger/verify", response_model=models.VerifyResponse, tags=["auditor"])
+async def verify(request: Request) -> Response:
     """Check the hash chain and every entry's total; name the first bad entry."""
+    service, _ = _identify(request, "auditor")
     try:
         entries = await service.in_thread(lambda: database_ledger(service.database))
     except LedgerError as error:
@@ -306,9 +324,10 @@ async def verify(service: Service, identity: Auditor) -> Response:
     )
 
 
-@router.get("/v1/synopses", **_TOKEN, tags=["analyst", "auditor"])
-async def synopses(service: Service, identity: Caller) -> Response:
+@_documented("GET", "/v1/synopses", tags=["analyst", "auditor"])
+async def synopses(request: Request) -> Response:
     """Stored synopses the caller may use (parameters only, never the bytes)."""
+    service, identity = _identify(request, None)
     if identity.role == "auditor":
         listed = await service.in_thread(lambda: database_synopses(service.database))
     else:
@@ -316,9 +335,10 @@ async def synopses(service: Service, identity: Caller) -> Response:
     return StrictJSONResponse(listed)
 
 
-@router.get("/v1/me", response_model=models.Me, **_TOKEN, tags=["session"])
-async def me(identity: Caller) -> Response:
+@_documented("GET", "/v1/me", response_model=models.Me, tags=["session"])
+async def me(request: Request) -> Response:
     """The name and role the token stands for."""
+    _, identity = _identify(request, None)
     return StrictJSONResponse({"name": identity.name, "role": identity.role})
 
 
@@ -374,7 +394,11 @@ def _with_bearer(app: FastAPI) -> dict[str, Any]:
     token is read by ``_identify``, not by a FastAPI security dependency)."""
     if app.openapi_schema is None:
         schema = FastAPI.openapi(app)
-        schema.setdefault("components", {})["securitySchemes"] = {"bearer": BEARER}
+        components = schema.setdefault("components", {})
+        components["securitySchemes"] = {"bearer": BEARER}
+        components.setdefault("schemas", {})["QueryRequest"] = (
+            models.QueryRequest.model_json_schema(ref_template="#/components/schemas/{model}")
+        )
         app.openapi_schema = schema
     return app.openapi_schema
 

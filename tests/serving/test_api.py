@@ -58,6 +58,15 @@ def test_health_openapi_and_docs(server: Server) -> None:
         if operation.get("security") == [{"bearer": []}]
     }
     assert secured == set(paths) - {"/v1/health"}
+    # Endpoints read their body and parameters themselves; the document still states them.
+    for path in ("/v1/query", "/v1/explain"):
+        body = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": "#/components/schemas/QueryRequest"}
+    request_schema = document["components"]["schemas"]["QueryRequest"]
+    assert request_schema["required"] == ["sql"] and request_schema["additionalProperties"] is False
+    for path, method in (("/v1/query", "post"), ("/v1/ledger", "get")):
+        (parameter,) = paths[path][method]["parameters"]
+        assert parameter["name"] == "format" and parameter["schema"]["enum"] == ["json", "csv"]
     assert "swagger" in server.call("GET", "/docs", None).text.lower()
     console = server.call("GET", "/", None)
     assert "<title>dpsql console</title>" in console.text
@@ -201,6 +210,30 @@ def test_refusals_are_problems_and_charge_nothing(
     before = len(server.entries())
     document = assert_problem(server.query(server.alice, body), status, kind)
     assert message in document["detail"]
+    assert len(server.entries()) == before
+
+
+def test_bodies_must_be_json_objects_and_formats_known(server: Server) -> None:
+    before = len(server.entries())
+    as_text = server.call(
+        "POST",
+        "/v1/query",
+        server.alice,
+        content=json.dumps({"sql": COUNT}),
+        headers={"Content-Type": "text/plain"},
+    )
+    assert "Content-Type: application/json" in assert_problem(as_text, 400, "parameter")["detail"]
+    for content in ("", "[1]", "{"):
+        response = server.call(
+            "POST",
+            "/v1/explain",
+            server.alice,
+            content=content,
+            headers={"Content-Type": "application/json"},
+        )
+        assert assert_problem(response, 400, "parameter")["detail"]
+    unknown = server.query(server.alice, {"sql": COUNT}, params={"format": "xml"})
+    assert "format" in assert_problem(unknown, 400, "parameter")["detail"]
     assert len(server.entries()) == before
 
 
