@@ -5,7 +5,12 @@ concurrent clients on loopback, as ratios against the same query through ``dpsql
 this process; then correctness at the cap: 16 clients x 50 queries against a cap that admits
 exactly K. Every loop is bounded; the script stops by itself.
 
-    .venv/bin/python benchmarks/bench_serve.py [--rows 100000] [--repeats 60] [--workers 2]
+    .venv/bin/python benchmarks/bench_serve.py [--rows 100000] [--pairs 200] [--repeats 60]
+        [--workers 2]
+
+The 1-client latency interleaves the three clients turn by turn (local API, HTTP, remote client),
+so load from elsewhere on the machine slows all three alike; the concurrency table's ratios are
+against that local median.
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test harness
 import dpsql
 from dpsql.accountant.units import Cost
 from dpsql.engine.demo import DEMO_POLICY
-from tests.serving.conftest import serve, stop
-from tests.serving.load import hammer
+from tests.serving.conftest import Server, serve, stop
+from tests.serving.load import connection, hammer, query
 from tests.serving.test_concurrency import ADMITTED, CAPPED, EPSILON
 
 SQL = "SELECT COUNT(*) AS n FROM requests"
@@ -33,15 +38,35 @@ ROOMY = DEMO_POLICY.replace("epsilon = 10.0", "epsilon = 1000000.0").replace(
 )
 
 
-def local_latencies(database: Path, repeats: int) -> list[float]:
-    with dpsql.connect(database, analyst="alice") as db:
-        for _ in range(3):
-            db.execute(SQL, epsilon=0.001)
-        samples = []
-        for _ in range(repeats):
-            began = time.perf_counter()
-            db.execute(SQL, epsilon=0.001)
-            samples.append(time.perf_counter() - began)
+def paired_latencies(server: Server, repeats: int) -> dict[str, list[float]]:
+    """One query through each client in turn, ``repeats`` times, so that whatever else the
+    machine does at a moment slows every client alike: the local API, ``POST /v1/query`` on a
+    keep-alive ``http.client`` connection, and the remote client ``dpsql.connect(url)`` (httpx)."""
+    body = {"sql": SQL, "epsilon": 0.001}
+    kept = connection(server.url)
+    with (
+        dpsql.connect(server.database, analyst="alice") as local,
+        dpsql.connect(server.url, token=server.alice) as remote,
+    ):
+
+        def over_http() -> None:
+            assert query(kept, server.alice, body).status == 200
+
+        clients = {
+            "local": lambda: local.execute(SQL, epsilon=0.001),
+            "http": over_http,
+            "remote": lambda: remote.execute(SQL, epsilon=0.001),
+        }
+        samples: dict[str, list[float]] = {name: [] for name in clients}
+        for turn in range(repeats + 3):
+            names = list(clients)
+            names = names[turn % 3 :] + names[: turn % 3]  # no client always goes first
+            for name in names:
+                began = time.perf_counter()
+                clients[name]()
+                if turn >= 3:  # the first turns warm up
+                    samples[name].append(time.perf_counter() - began)
+    kept.close()
     return samples
 
 
@@ -49,30 +74,29 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=60, help="requests per concurrency level")
+    parser.add_argument("--pairs", type=int, default=200, help="interleaved turns at 1 client")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     workers = ("--workers", str(args.workers), "--rate-limit", "1000000")
     with tempfile.TemporaryDirectory() as directory:
         server = serve(Path(directory), *workers, policy=ROOMY, rows=args.rows)
         try:
-            local = local_latencies(server.database, args.repeats)
-            local_median = statistics.median(local)
             print(f"COUNT(*) over {args.rows} rows; service with {args.workers} worker(s)")
-            print(f"local Python API, 1 client: median {local_median * 1e3:.2f} ms")
+            paired = paired_latencies(server, args.pairs)
+            local_median = statistics.median(paired["local"])
+            print(f"1 client, {args.pairs} interleaved turns (local, HTTP, remote client):")
+            print(f"  local Python API:              median {local_median * 1e3:.2f} ms")
+            for name, label in (
+                ("http", "POST /v1/query (http.client)"),
+                ("remote", "dpsql.connect(url) (httpx)"),
+            ):
+                median = statistics.median(paired[name])
+                added = median - local_median
+                print(
+                    f"  {label + ':':31s}median {median * 1e3:.2f} ms = "
+                    f"{median / local_median:.3f} x local (adds {added * 1e3:.2f} ms)"
+                )
             body = {"sql": SQL, "epsilon": 0.001}
-            hammer(server.url, [server.alice], clients=1, per_client=3, body=body)  # warm up
-            with dpsql.connect(server.url, token=server.alice) as remote:
-                remote.execute(SQL, epsilon=0.001)
-                samples = []
-                for _ in range(args.repeats):
-                    began = time.perf_counter()
-                    remote.execute(SQL, epsilon=0.001)
-                    samples.append(time.perf_counter() - began)
-            remote_median = statistics.median(samples)
-            print(
-                f"dpsql.connect(url) (httpx), 1 client: median {remote_median * 1e3:.2f} ms "
-                f"= {remote_median / local_median:.2f} x local"
-            )
             print("POST /v1/query with http.client keep-alive connections:")
             print("clients  median ms  p95 ms  req/s  failed  median/local  req/s / local")
             for clients in (1, 4, 16):

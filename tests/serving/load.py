@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -22,6 +23,28 @@ class Reply:
     status: int
     seconds: float
     body: Any
+
+
+class _Connection(http.client.HTTPConnection):
+    """A keep-alive connection that sends small segments at once (TCP_NODELAY), as the server
+    and httpx do: ``http.client`` writes a request's headers and body in two segments, and Nagle's
+    algorithm would hold the body until the headers are acknowledged."""
+
+    def connect(self) -> None:
+        super().connect()
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+def connection(url: str) -> http.client.HTTPConnection:
+    """A keep-alive connection to the service at ``url``."""
+    address = urlsplit(url)
+    return _Connection(address.hostname or "127.0.0.1", address.port, timeout=120)
+
+
+def query(connection: http.client.HTTPConnection, token: str, body: dict[str, Any]) -> Reply:
+    """``POST /v1/query`` with ``body`` on ``connection``."""
+    headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+    return _send(connection, json.dumps(body).encode(), headers)
 
 
 def _send(connection: http.client.HTTPConnection, payload: bytes, headers: dict) -> Reply:
@@ -43,7 +66,6 @@ def hammer(
 ) -> list[Reply]:
     """``clients`` threads, each with its own keep-alive connection and the token
     ``tokens[i % len(tokens)]``, send ``per_client`` queries each, starting together."""
-    address = urlsplit(url)
     payload = json.dumps(body).encode()
     replies: list[list[Reply]] = [[] for _ in range(clients)]
     start = threading.Barrier(clients)
@@ -53,12 +75,12 @@ def hammer(
             "Authorization": f"Bearer {tokens[index % len(tokens)]}",
             "Content-Type": "application/json",
         }
-        connection = http.client.HTTPConnection(address.hostname, address.port, timeout=120)
+        kept = connection(url)
         try:
             start.wait()
-            replies[index] = [_send(connection, payload, headers) for _ in range(per_client)]
+            replies[index] = [_send(kept, payload, headers) for _ in range(per_client)]
         finally:
-            connection.close()
+            kept.close()
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
     for thread in threads:
