@@ -96,6 +96,8 @@ def run_service(settings: ServerSettings, *, host: str, port: int, workers: int)
         workers=workers,
         log_level="warning",
         access_log=False,  # the ledger is the audit trail; a log line per request costs latency
+        proxy_headers=False,  # nothing reads client addresses (limits are per token): no rewrite
+        server_header=False,  # no software banner in every response
     )
     listening = _listening_socket(host, port)
     click.echo(

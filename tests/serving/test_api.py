@@ -45,7 +45,9 @@ def assert_problem(response: httpx.Response, status: int, kind: str) -> dict:
 
 
 def test_health_openapi_and_docs(server: Server) -> None:
-    assert server.call("GET", "/v1/health", None).json()["status"] == "ok"
+    health = server.call("GET", "/v1/health", None)
+    assert health.json()["status"] == "ok"
+    assert "server" not in health.headers  # no software banner
     document = server.call("GET", "/openapi.json", None).json()
     paths = document["paths"]
     for path in ("/v1/query", "/v1/explain", "/v1/budget", "/v1/ledger", "/v1/ledger/verify"):
