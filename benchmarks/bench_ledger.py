@@ -9,7 +9,8 @@ with the same durability settings, measured in the same run.
 It then times a small partitioned charge after ``K`` earlier charges that each touched 3,500
 partition values (an analyst's long ``IN`` list), against the same charge on a fresh ledger: the
 running totals make a charge cost O(values it touches), so the ratio stays near 1 as K grows (it
-grew quadratically before).
+grew quadratically before). Last, a query's ledger work (read the policy in force, charge) after
+N earlier charges: an index on (kind, seq) keeps it flat in N (it grew linearly before).
 """
 
 from __future__ import annotations
@@ -79,6 +80,26 @@ def _partitioned_charge_seconds(directory: str, history: int, repeats: int = 50)
     return elapsed
 
 
+def _query_ledger_work_seconds(directory: str, history: int, repeats: int = 50) -> float:
+    """Mean seconds of a query's ledger work (read the policy in force, then charge) after
+    ``history`` earlier one-query charges since the policy was set (written without fsync, to
+    build the history quickly; the timed charges use the ledger's own durability)."""
+    ledger = Ledger(str(Path(directory) / f"q{history}.sqlite"), dataset="bench")
+    ledger.set_policy({}, Limits(Cost.cap(1e9), {"a": Cost.cap(1e9)}))
+    event = MechanismEvent("discrete_laplace", 0.001, label="COUNT(*)")
+    ledger._connection.execute("PRAGMA synchronous=OFF")
+    for _ in range(history):
+        ledger.charge(analyst="a", event=event, query="q", plan={}, mechanism="m")
+    ledger._connection.execute("PRAGMA synchronous=FULL")
+    start = time.perf_counter()
+    for _ in range(repeats):
+        ledger.policy()
+        ledger.charge(analyst="a", event=event, query="q", plan={}, mechanism="m")
+    elapsed = (time.perf_counter() - start) / repeats
+    ledger.close()
+    return elapsed
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--charges", type=int, default=300, help="charges per process")
@@ -102,6 +123,12 @@ def main() -> None:
         baseline = _partitioned_charge_seconds(directory, 0)
         for history in (0, 10, 100):
             seconds = _partitioned_charge_seconds(directory, history)
+            print(f"{history:>28} {seconds * 1e3:>10.2f} {seconds / baseline:>7.2f}x")
+    print(f"\n{'earlier one-query charges':>28} {'ms/query':>10} {'vs none':>8}")
+    with tempfile.TemporaryDirectory() as directory:
+        baseline = _query_ledger_work_seconds(directory, 0)
+        for history in (0, 1_000, 10_000, 30_000):
+            seconds = _query_ledger_work_seconds(directory, history)
             print(f"{history:>28} {seconds * 1e3:>10.2f} {seconds / baseline:>7.2f}x")
 
 

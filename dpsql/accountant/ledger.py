@@ -56,7 +56,11 @@ BEGIN SELECT RAISE(ABORT, 'ledger entries are append-only'); END""",
     """CREATE TRIGGER IF NOT EXISTS entries_no_delete BEFORE DELETE ON entries
 BEGIN SELECT RAISE(ABORT, 'ledger entries are append-only'); END""",
 )
-_SCHEMA = ";\n".join((_TABLE, *_TRIGGERS)) + ";"
+# Every query reads the policy in force (the newest 'policy' entry): without this index SQLite
+# walks back over every charge since the last policy change, so each query's ledger work grew
+# with the ledger's length.
+_INDEX = "CREATE INDEX IF NOT EXISTS entries_by_kind ON entries (kind, seq)"
+_SCHEMA = ";\n".join((_TABLE, *_TRIGGERS, _INDEX)) + ";"
 
 _COLUMNS = (
     "seq",
@@ -475,6 +479,7 @@ def _allow_token_entries(connection: sqlite3.Connection) -> None:
     connection.execute("DROP TABLE entries_before_tokens")
     for trigger in _TRIGGERS:
         connection.execute(trigger)
+    connection.execute(_INDEX)
 
 
 def _why_refused(cost: Cost, remaining: Cost) -> str:

@@ -244,6 +244,32 @@ def test_the_ledger_survives_close_and_reopen(path: Path) -> None:
     reopened.close()
 
 
+def test_the_policy_in_force_is_found_by_index_also_in_older_ledgers(path: Path) -> None:
+    """Every query reads the newest policy entry; SQLite must seek to it, not walk back over
+    every charge since (a query's ledger work would grow with the ledger)."""
+    ledger = Ledger(path, dataset=DATASET)
+    ledger.set_policy(DOCUMENT, _limits(epsilon=100.0, analysts={"alice": (100.0, 1e-6)}))
+    for _ in range(5):
+        _charge(ledger)
+    newer = {**DOCUMENT, "note": "newer"}
+    ledger.set_policy(newer, _limits(epsilon=100.0, analysts={"alice": (100.0, 1e-6)}))
+    _charge(ledger)
+    ledger.close()
+    raw = sqlite3.connect(path)
+    raw.execute("DROP INDEX entries_by_kind")  # a ledger written before the index existed
+    raw.commit()
+    raw.close()
+    reopened = Ledger(path, dataset=DATASET)
+    assert reopened.policy() == newer
+    plan = reopened._connection.execute(
+        "EXPLAIN QUERY PLAN SELECT payload FROM entries WHERE kind = 'policy' "
+        "ORDER BY seq DESC LIMIT 1"
+    ).fetchall()
+    assert "USING INDEX entries_by_kind" in " ".join(str(step[-1]) for step in plan)
+    assert reopened.verify() == 8
+    reopened.close()
+
+
 def test_entries_form_a_hash_chain(ledger: Ledger) -> None:
     for _ in range(3):
         _charge(ledger)
