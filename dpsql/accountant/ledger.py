@@ -170,7 +170,7 @@ class Ledger:
     def __init__(self, path: str | Path, *, dataset: str):
         self.path = Path(path)
         self.dataset = dataset
-        self._cache: list[Charge] = []
+        self._cache: dict[str | None, list[Charge]] = {None: []}
         self._totals: dict[str | None, Totals] = {None: Totals()}
         self._seen = 0
         self.actor: dict[str, Any] | None = None
@@ -299,13 +299,12 @@ class Ledger:
         for seq, name, e, d, payload, partition in rows:
             event = event_from_dict(json.loads(payload))
             charge = _charge(name, Cost(int(e), int(d)), event, partition)
-            self._cache.append(charge)
+            self._cache[None].append(charge)
+            self._cache.setdefault(name, []).append(charge)
             self._totals[None].add(charge)
             self._totals.setdefault(name, Totals()).add(charge)
             self._seen = seq
-        if analyst is None:
-            return self._cache
-        return [charge for charge in self._cache if charge.analyst == analyst]
+        return self._cache.setdefault(analyst, [])
 
     def _spend(
         self,

@@ -35,6 +35,11 @@ class ResultStore:
     def __init__(self, path: str | Path):
         try:
             self._connection = sqlite3.connect(Path(path), timeout=60, isolation_level=None)
+            # The ledger commits each charge with fsync (synchronous=FULL) before any data is
+            # read; a stored answer is a convenience copy written after the release, so it
+            # commits without a second fsync per query: atomic and safe if the process dies, and
+            # only an operating-system crash right after a query can lose that query's copy.
+            self._connection.execute("PRAGMA synchronous=NORMAL")
             self._connection.execute(_SCHEMA)
         except sqlite3.DatabaseError as error:
             raise LedgerError(f"result store {str(path)!r} is unreadable ({error})") from None
