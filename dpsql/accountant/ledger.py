@@ -330,6 +330,13 @@ class Ledger:
         payload = self._policy(self._connection)
         return payload["document"] if payload else None
 
+    def policy_entry(self) -> int | None:
+        """The sequence number of the policy entry in force (None before one is set)."""
+        row = self._connection.execute(
+            "SELECT MAX(seq) FROM entries WHERE kind = 'policy'"
+        ).fetchone()
+        return row[0]
+
     def set_policy(self, document: dict[str, Any], limits: Limits) -> LedgerEntry:
         """Record a new policy; refuse caps or allocations below what was already spent."""
         with self._transaction() as connection:

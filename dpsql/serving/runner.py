@@ -7,7 +7,12 @@ one session per analyst (opening a session verifies the whole ledger, so it is d
 DuckDB parallelises inside a query; the service scales across queries with ``--workers``.
 
 A call that passes its time limit is interrupted inside DuckDB; if it was charged, the charge
-stands, as everywhere in dpsql. A policy change that adds file sources needs a restart.
+stands, as everywhere in dpsql.
+
+The backend is opened from the policy (its file sources, its memory limit). Before each call the
+runner reads which policy entry is in force (an indexed lookup in the ledger); when the
+administrator has set a new one, the sessions and the backend are closed and reopened from it,
+so a new source table or memory limit applies from the next call, without a restart.
 
 A local session verifies the whole ledger whenever it opens; a worker's sessions live long, so
 the runner re-verifies the chain before a call once ``verify_every`` seconds have passed since
@@ -45,6 +50,8 @@ class EngineRunner:
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="dpsql-engine")
         self._backend: DuckDBBackend | None = None
         self._sessions: dict[str, Session] = {}
+        self._ledger: Ledger | None = None  # opened on the engine thread, which owns it
+        self._policy_entry: int | None = None
         self._verified = time.monotonic()
 
     def close(self) -> None:
@@ -55,11 +62,17 @@ class EngineRunner:
         self._executor.shutdown()
 
     def _close(self) -> None:
+        self._close_engine()
+        if self._ledger is not None:
+            self._ledger.close()
+
+    def _close_engine(self) -> None:
         for session in self._sessions.values():
             session.close()  # closing the shared backend again is harmless
         self._sessions.clear()
         if self._backend is not None:
             self._backend.close()
+            self._backend = None
 
     def _session(self, analyst: str) -> Session:
         session = self._sessions.get(analyst)
@@ -70,14 +83,26 @@ class EngineRunner:
             self._sessions[analyst] = session
         return session
 
-    def _verify(self) -> None:
-        if time.monotonic() - self._verified < self.verify_every:
-            return
-        Ledger(ledger_path(self.database), dataset=self.database.stem).close()  # verifies
+    def _verify(self) -> Ledger:
+        """The runner's ledger, its chain verified within the last ``verify_every`` seconds."""
+        if self._ledger is None:
+            self._ledger = Ledger(ledger_path(self.database), dataset=self.database.stem)
+        elif time.monotonic() - self._verified >= self.verify_every:
+            self._ledger.verify()
+        else:
+            return self._ledger
         self._verified = time.monotonic()
+        return self._ledger
+
+    def _follow_policy(self, ledger: Ledger) -> None:
+        """Reopen the backend and sessions if a new policy was set since they were opened."""
+        entry = ledger.policy_entry()
+        if entry != self._policy_entry:
+            self._close_engine()
+            self._policy_entry = entry
 
     def _run(self, work: Callable[[Session | None], T], analyst: str | None) -> T:
-        self._verify()
+        self._follow_policy(self._verify())
         return work(None if analyst is None else self._session(analyst))
 
     def _interrupt(self) -> None:

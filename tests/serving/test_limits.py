@@ -10,8 +10,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from dpsql.engine.session import database_ledger, ledger_path
-from dpsql.errors import LedgerError
+from dpsql.engine.demo import DEMO_POLICY
+from dpsql.engine.session import database_ledger, ledger_path, set_policy
+from dpsql.errors import LedgerError, SchemaError
 from dpsql.serving.app import create_app
 from dpsql.serving.limits import RateLimiter, ServerSettings
 from dpsql.serving.runner import EngineRunner, RunnerTimeout
@@ -106,5 +107,43 @@ def test_an_edited_ledger_stops_a_running_worker(tmp_path: Path) -> None:
         connection.close()
         with pytest.raises(LedgerError, match="fails verification at entry 2"):
             asyncio.run(runner.run(lambda s: s.budget(), analyst="alice", timeout=30))
+    finally:
+        runner.close()
+
+
+def test_a_new_policy_applies_from_the_next_call_without_a_restart(tmp_path: Path) -> None:
+    """The backend follows the policy in force: a table the administrator adds from a file
+    source is answered by the running worker's next call."""
+    database = demo_database(tmp_path)
+    (tmp_path / "visits.csv").write_text(
+        "user_id,seconds\n" + "".join(f"{i},{i % 50}\n" for i in range(300))
+    )
+    runner = EngineRunner(database)
+    visits = "SELECT COUNT(*) AS n FROM visits"
+
+    def count(session):
+        return session.execute(visits, epsilon=1000.0).rows[0][0]
+
+    try:
+        with pytest.raises(SchemaError, match="visits"):
+            asyncio.run(runner.run(count, analyst="alice", timeout=30))
+        set_policy(
+            database,
+            DEMO_POLICY.replace("epsilon = 10.0", "epsilon = 100000.0").replace(
+                "epsilon = 4.0", "epsilon = 50000.0"
+            )
+            + '\n[tables.visits]\nprivacy_unit = "user_id"\nsource = "visits.csv"\n'
+            'source_columns = [["user_id", "BIGINT"], ["seconds", "BIGINT"]]\n',
+        )
+        answer = asyncio.run(runner.run(count, analyst="alice", timeout=30))
+        assert abs(answer - 300) <= 1  # discrete Laplace of scale 1/1000
+        requests = asyncio.run(
+            runner.run(
+                lambda s: s.execute("SELECT COUNT(*) FROM requests", epsilon=1000.0).rows[0][0],
+                analyst="alice",
+                timeout=30,
+            )
+        )
+        assert 19_000 < requests <= 20_001  # the database file is still attached
     finally:
         runner.close()
