@@ -11,6 +11,7 @@ leak), and none is decided by implicit casts that Python would model differently
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -19,6 +20,7 @@ from decimal import Decimal, InvalidOperation
 from sqlglot import exp
 
 from dpsql.errors import SchemaError, SqlSyntaxError, UnsupportedQueryError
+from dpsql.sql import postprocess
 from dpsql.sql.parse import ParsedQuery
 from dpsql.sql.shape import (
     Aggregate,
@@ -533,8 +535,23 @@ class _Analyzer:
 
 
 def analyze(parsed: ParsedQuery, catalog: Mapping[str, Mapping[str, str]]) -> QueryShape:
-    """Validate ``parsed`` against the allow-list and the catalog (table -> column -> type)."""
-    return _Analyzer(parsed, catalog).shape()
+    """Validate ``parsed`` against the allow-list and the catalog (table -> column -> type).
+
+    Post-processing of the released answer (ORDER BY, LIMIT, arithmetic, windows, ...) is split
+    off first (``dpsql.sql.postprocess``); the shape then carries it in ``post``."""
+    try:
+        inner, post = postprocess.split(parsed, catalog)
+    except (UnsupportedQueryError, SchemaError, SqlSyntaxError):
+        source = postprocess.source_only(parsed)
+        if source is not None:
+            _Analyzer(source, catalog).shape()  # FROM and WHERE are read first
+        raise
+    shape = _Analyzer(inner, catalog).shape()
+    if post is None:
+        return shape
+    post = dataclasses.replace(post, types=postprocess.released_types(shape, catalog))
+    postprocess.check(post)
+    return dataclasses.replace(shape, post=post)
 
 
 def _unknown_table(name: str) -> str:

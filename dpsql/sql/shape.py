@@ -142,6 +142,8 @@ class QueryShape:
     range_join: RangeJoin | None = None
     types: dict[str, str] = field(default_factory=dict)
     """The database's type name of each column of ``table``."""
+    post: Any = None
+    """The post-processing of the released answer (``dpsql.sql.postprocess.PostProcess``)."""
 
     @property
     def aggregates(self) -> tuple[Aggregate, ...]:
