@@ -20,7 +20,7 @@ from decimal import Decimal, InvalidOperation
 from sqlglot import exp
 
 from dpsql.errors import SchemaError, SqlSyntaxError, UnsupportedQueryError
-from dpsql.sql import postprocess
+from dpsql.sql import ctes, filters, postprocess
 from dpsql.sql.parse import ParsedQuery
 from dpsql.sql.shape import (
     Aggregate,
@@ -317,7 +317,11 @@ class _Analyzer:
             )
         if isinstance(node, exp.Not):
             return exp.Not(this=self.predicate(node.this))
+        if filters.is_like(node):
+            return filters.like(self, node)
         if isinstance(node, _COMPARISONS):
+            if filters.is_text_operand(node.this) or filters.is_text_operand(node.expression):
+                return filters.text_comparison(self, node, dict(_FLIPPED))
             return self.comparison(node)
         if isinstance(node, exp.Between):
             name = self.predicate_column(node.this, "BETWEEN")
@@ -331,6 +335,8 @@ class _Analyzer:
             )
             return exp.Paren(this=exp.Or(this=between, expression=swapped))
         if isinstance(node, exp.In):
+            if node.args.get("query"):
+                return filters.unit_filter(self, node)
             name = self.predicate_column(node.this, "IN")
             if node.args.get("query") or node.args.get("unnest") or node.args.get("field"):
                 self.reject(node, "IN takes a list of literals, not a subquery")
@@ -406,7 +412,7 @@ class _Analyzer:
     def number(self, node: exp.Expression, name: str) -> exp.Expression:
         negative = isinstance(node, exp.Neg)
         inner = node.this if negative else node
-        if not (isinstance(inner, exp.Literal) and not inner.is_string):
+        if not isinstance(inner, exp.Literal) or (inner.is_string and negative):
             self.reject(node, f"column {name!r} is numeric; compare it with a number")
         text = ("-" if negative else "") + inner.this
         try:
@@ -539,6 +545,7 @@ def analyze(parsed: ParsedQuery, catalog: Mapping[str, Mapping[str, str]]) -> Qu
 
     Post-processing of the released answer (ORDER BY, LIMIT, arithmetic, windows, ...) is split
     off first (``dpsql.sql.postprocess``); the shape then carries it in ``post``."""
+    parsed = ctes.inline(parsed, catalog)
     try:
         inner, post = postprocess.split(parsed, catalog)
     except (UnsupportedQueryError, SchemaError, SqlSyntaxError):

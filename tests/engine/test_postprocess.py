@@ -24,7 +24,11 @@ from tests.conftest import seeded_connect
 from tests.engine.panel import build_panel, truth
 from tests.sql.test_analyze import FIXTURES, Case, read_cases
 
-CASES = [pytest.param(c, id=c.name) for c in read_cases(FIXTURES / "postprocessed.sql")]
+CASES = [
+    pytest.param(c, id=c.name)
+    for name in ("postprocessed.sql", "filtered.sql")
+    for c in read_cases(FIXTURES / name)
+]
 EPSILON = 1e6
 
 
@@ -76,7 +80,9 @@ def test_post_processed_answers_match_duckdb_within_their_intervals(
             # sum grid (about one grid step): allow a relative 1e-6 beyond it.
             slack = 1e-6 * max(1.0, abs(true_value))
             assert low - slack <= true_value <= high + slack, (name, low, true_value, high)
-    assert set(result.details["post_processing"]["derived"]) == _names(case.headers.get("derived"))
+    assert set(result.details.get("post_processing", {}).get("derived", {})) == _names(
+        case.headers.get("derived")
+    )
     for name in _names(case.headers.get("derived")):
         assert result.measures[name].startswith("derived from released values")
 
