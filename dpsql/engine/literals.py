@@ -188,6 +188,8 @@ class Binder:
             table.partition_column if table is not None else None,
         )
         used = sorted({c.name for c in shape.where.find_all(exp.Column)} if shape.where else set())
+        used += [c.name for e in shape.virtual.values() for c in e.find_all(exp.Column)]
+        shape = replace(shape, virtual={n: self._converted(e) for n, e in shape.virtual.items()})
         used += list(shape.group_by) if shape.range_join is None else []
         if shape.range_join is not None:
             used.append(shape.range_join.value)

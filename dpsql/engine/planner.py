@@ -20,6 +20,7 @@ from dpsql.engine.policy import Policy, PublicKey, TablePolicy
 from dpsql.errors import ParameterError, PolicyError, SchemaError, UnsupportedQueryError
 from dpsql.mechanisms import combined, svt, threshold
 from dpsql.mechanisms.laplace import MAX_GRID, choose_grid, noise_scale
+from dpsql.sql.expressions import with_virtual_bounds
 from dpsql.sql.generate import Bounds, Measure, MeasureKind
 from dpsql.sql.shape import AggregateKind, ColumnKind, GroupKey, QueryShape
 
@@ -633,6 +634,7 @@ def plan_query(
     table = policy.table(shape.table)
     if table is None:
         raise PolicyError(f"table {shape.table!r} is not covered by the privacy policy")
+    shape, table = with_virtual_bounds(shape, table)
     if table.privacy_unit not in shape.columns:
         raise SchemaError(
             f"the policy's privacy unit {table.privacy_unit!r} is not a column "

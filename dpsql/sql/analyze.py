@@ -20,7 +20,7 @@ from decimal import Decimal, InvalidOperation
 from sqlglot import exp
 
 from dpsql.errors import SchemaError, SqlSyntaxError, UnsupportedQueryError
-from dpsql.sql import ctes, filters, postprocess
+from dpsql.sql import ctes, expressions, filters, postprocess
 from dpsql.sql.parse import ParsedQuery
 from dpsql.sql.shape import (
     Aggregate,
@@ -99,6 +99,7 @@ class _Analyzer:
         self.public_aliases: set[str] = set()
         self.public_columns: dict[str, str] = {}
         self.position: tuple[int | None, int | None] = (None, None)
+        self.virtual: dict[str, exp.Expression] = {}
 
     def check_alias(self, alias: exp.Expression | None) -> None:
         """Refuse an unquoted alias that is a reserved word: ``FROM t GROUP`` is a GROUP BY
@@ -168,6 +169,7 @@ class _Analyzer:
             self.having(having.this, outputs) if having is not None else None,
             range_join,
             dict(self.columns),
+            virtual=dict(self.virtual),
         )
 
     # JOIN with a public range table and HAVING --------------------------------------------------
@@ -501,6 +503,9 @@ class _Analyzer:
             if name not in group_by:
                 self.reject(node, f"column {name!r} must appear in GROUP BY or inside an aggregate")
             return GroupKey(name, alias or name)
+        default = node.sql(dialect=self.parsed.dialect)
+        if isinstance(node, exp.Filter):
+            node = expressions.unfiltered(node)
         kinds = {
             exp.Count: AggregateKind.COUNT,
             exp.Sum: AggregateKind.SUM,
@@ -519,17 +524,14 @@ class _Analyzer:
             self.reject(node, f"{kind.value.upper()}(DISTINCT ...) is not supported")
         if node.args.get("expressions"):
             self.reject(node, f"{kind.value.upper()} takes one argument")
-        default = node.sql(dialect=self.parsed.dialect)
         if isinstance(argument, exp.Star):
             if kind is not AggregateKind.COUNT:
                 self.reject(node, f"{kind.value.upper()}(*) is not valid")
             return Aggregate(kind, None, alias or default)
         if not isinstance(argument, exp.Column):
-            self.reject(
-                node,
-                f"{kind.value.upper()} takes a column name (expressions inside "
-                "aggregates are not supported)",
-            )
+            column = f"{expressions.PREFIX}{len(self.virtual)}"
+            self.virtual[column] = expressions.argument(self, argument, kind.value.upper())
+            return Aggregate(kind, column, alias or default)
         column = self.column(argument)
         if kind is not AggregateKind.COUNT and not self.kind(column).numeric:
             self.reject(

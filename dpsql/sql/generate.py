@@ -288,6 +288,12 @@ def bounded_aggregate(
             conditions.append(f"{_identifier(column)} IS NOT NULL")
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
     source = _enforced(shape.table, bounds.unit, bounds.partition)
+    if shape.virtual:
+        # Expressions inside aggregates, as columns (dpsql.sql.expressions).
+        virtual = ", ".join(
+            f"{e.sql(dialect='duckdb')} AS {_identifier(n)}" for n, e in shape.virtual.items()
+        )
+        source = f"(SELECT *, {virtual} FROM {source}) AS __virtual"
     if digest is not None and any(m.kind is MeasureKind.SUM for m in measures):
         # The rounding offset's MD5 once per row, read digit by digit by the values.
         source = f"(SELECT *, {digest} AS __digest FROM {source}{where}) AS __rows"

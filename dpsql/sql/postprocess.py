@@ -463,6 +463,9 @@ def _dp_aggregates(node: exp.Expression) -> Iterator[exp.Expression]:
     stack = [node]
     while stack:
         current = stack.pop()
+        if isinstance(current, exp.Filter) and isinstance(current.this, exp.AggFunc):
+            yield current  # agg(...) FILTER (WHERE ...) is one aggregate
+            continue
         if isinstance(current, exp.AggFunc) and not isinstance(current.parent, exp.Window):
             yield current
             continue
@@ -494,7 +497,9 @@ def _needs_post(select: exp.Select) -> bool:
         body = node.this if isinstance(node, exp.Alias) else node
         if isinstance(body, exp.Column | exp.Star):
             continue
-        if isinstance(body, _DP_AGGREGATES) and not isinstance(body, exp.Window):
+        if isinstance(body, _DP_AGGREGATES) or (
+            isinstance(body, exp.Filter) and isinstance(body.this, _DP_AGGREGATES)
+        ):
             continue
         if any(True for _ in _dp_aggregates(body)) or body.find(exp.Window) is not None:
             return True

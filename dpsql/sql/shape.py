@@ -142,6 +142,9 @@ class QueryShape:
     range_join: RangeJoin | None = None
     types: dict[str, str] = field(default_factory=dict)
     """The database's type name of each column of ``table``."""
+    virtual: dict[str, exp.Expression] = field(default_factory=dict)
+    """Expressions inside aggregates, as columns ``__dp_e<i>`` the aggregates read
+    (``dpsql.sql.expressions``)."""
     post: Any = None
     """The post-processing of the released answer (``dpsql.sql.postprocess.PostProcess``)."""
 
