@@ -100,6 +100,8 @@ class _Analyzer:
         self.public_columns: dict[str, str] = {}
         self.position: tuple[int | None, int | None] = (None, None)
         self.virtual: dict[str, exp.Expression] = {}
+        self.group_expressions: dict[str, str] = {}
+        """Normalized text of a GROUP BY expression -> its virtual key column."""
 
     def check_alias(self, alias: exp.Expression | None) -> None:
         """Refuse an unquoted alias that is a reserved word: ``FROM t GROUP`` is a GROUP BY
@@ -157,7 +159,9 @@ class _Analyzer:
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             self.reject(select, f"output column names must be distinct, repeated: {duplicates}")
-        kinds = {name: ColumnKind.of(type_name) for name, type_name in self.columns.items()}
+        types = dict(self.columns)
+        types.update(expressions.key_types(self.virtual))
+        kinds = {name: ColumnKind.of(type_name) for name, type_name in types.items()}
         having = select.args.get("having")
         return QueryShape(
             self.table,
@@ -168,7 +172,7 @@ class _Analyzer:
             dict(self.parsed.options),
             self.having(having.this, outputs) if having is not None else None,
             range_join,
-            dict(self.columns),
+            types,
             virtual=dict(self.virtual),
         )
 
@@ -478,15 +482,13 @@ class _Analyzer:
         if any(name.lower() == node.name.lower() for name in self.columns):
             return node
         for output in select.expressions:
-            if (
-                isinstance(output, exp.Alias)
-                and isinstance(output.this, exp.Column)
-                and output.alias.lower() == node.name.lower()
-            ):
+            if isinstance(output, exp.Alias) and output.alias.lower() == node.name.lower():
                 return output.this
         return node
 
     def group_column(self, node: exp.Expression) -> str:
+        if not isinstance(node, exp.Column) and not self.public_table:
+            return expressions.group_key(self, node)
         if not isinstance(node, exp.Column):
             self.reject(node, "GROUP BY takes column names only")
         if self.public_table:
@@ -498,6 +500,9 @@ class _Analyzer:
         if isinstance(node, exp.Alias):
             self.check_alias(node.args.get("alias"))
             alias, node = node.alias, node.this
+        key = self.group_expressions.get(expressions.normalized(node))
+        if key is not None and key in group_by:
+            return GroupKey(key, alias or node.sql(dialect=self.parsed.dialect))
         if isinstance(node, exp.Column):
             name = self.public_column(node) if self.public_table else self.column(node)
             if name not in group_by:

@@ -21,6 +21,7 @@ NULL (ignored by the aggregate). Conditions are checked, typed and bound exactly
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
@@ -35,9 +36,38 @@ if TYPE_CHECKING:
     from dpsql.sql.analyze import _Analyzer
     from dpsql.sql.shape import QueryShape
 
-__all__ = ["argument", "bounds_of", "clamped", "unfiltered", "with_virtual_bounds"]
+__all__ = [
+    "argument",
+    "bounds_of",
+    "clamped",
+    "group_key",
+    "key_types",
+    "normalized",
+    "unfiltered",
+    "with_virtual_bounds",
+]
 
 PREFIX = "__dp_e"
+KEY_PREFIX = "__dp_k"
+MAX_BINS = 10_000
+"""Most bins one grouping expression may enumerate (the planner caps all groups further)."""
+_CONDITIONS = (
+    exp.EQ,
+    exp.NEQ,
+    exp.GT,
+    exp.GTE,
+    exp.LT,
+    exp.LTE,
+    exp.Between,
+    exp.In,
+    exp.Is,
+    exp.Not,
+    exp.And,
+    exp.Or,
+    exp.Like,
+    exp.ILike,
+    exp.StartsWith,
+)
 _ARITHMETIC = (exp.Add, exp.Sub, exp.Mul, exp.Div)
 
 
@@ -184,6 +214,121 @@ def _in_condition(column: exp.Column) -> bool:
     return False
 
 
+# GROUP BY expressions with public domains ------------------------------------------------------
+def normalized(node: exp.Expression) -> str:
+    """A spelling of ``node`` that ignores table qualifiers and the case of unquoted names."""
+    copy = node.copy()
+    for column in copy.find_all(exp.Column):
+        column.set("table", None)
+    return copy.sql(dialect="duckdb", normalize=True).lower()
+
+
+def _bin(node: exp.Expression) -> tuple[exp.Column, float, int] | None:
+    """``FLOOR(col / w) * m`` (or ``m * FLOOR(col / w)``, or ``FLOOR(col / w)``): the column, the
+    width ``w`` and the integer multiplier ``m``; None for any other shape."""
+    multiplier: exp.Expression = exp.Literal.number(1)
+    if isinstance(node, exp.Mul):
+        floor, multiplier = node.this, node.expression
+        if isinstance(multiplier, exp.Floor):
+            floor, multiplier = multiplier, floor
+        node = floor
+    while isinstance(node, exp.Paren):
+        node = node.this
+    if not isinstance(node, exp.Floor) or node.args.get("decimals"):
+        return None
+    inner = node.this
+    if not isinstance(inner, exp.Div) or not isinstance(inner.this, exp.Column):
+        return None
+    width, multiplier_value = _number(inner.expression), _number(multiplier)
+    if width is None or multiplier_value is None:
+        return None
+    if not (width > 0 and math.isfinite(width)) or multiplier_value != int(multiplier_value):
+        return None
+    return inner.this, width, int(multiplier_value)
+
+
+def _number(node: exp.Expression) -> float | None:
+    if isinstance(node, exp.Literal) and not node.is_string:
+        try:
+            return float(node.this)
+        except ValueError:
+            return None
+    return None
+
+
+def group_key(analyzer: _Analyzer, node: exp.Expression) -> str:
+    """A GROUP BY expression whose domain is public, as a virtual key column: bins
+    ``FLOOR(col / w) * m`` of a bounded numeric column (w > 0, m an integer), or a condition
+    (TRUE/FALSE); the domain is enumerated from the policy when the query is planned."""
+    text = normalized(node)
+    if text in analyzer.group_expressions:
+        return analyzer.group_expressions[text]
+    found = _bin(node)
+    if found is not None:
+        column, width, multiplier = found
+        name = analyzer.column(column)
+        if not analyzer.kind(name).numeric:
+            analyzer.reject(column, f"bins need a numeric column; {name!r} is not")
+        emitted: exp.Expression = exp.Mul(
+            this=exp.Floor(
+                this=exp.Div(
+                    this=exp.column(name, quoted=True), expression=exp.Literal.number(repr(width))
+                )
+            ),
+            expression=exp.Literal.number(multiplier),
+        )
+    elif isinstance(node, _CONDITIONS) or (isinstance(node, exp.Column) and False):
+        emitted = exp.Paren(this=analyzer.predicate(node))
+    else:
+        analyzer.reject(
+            node,
+            "GROUP BY takes columns, bins FLOOR(column / width) * width of a column with "
+            "declared bounds, or conditions such as column >= 13",
+        )
+        raise AssertionError
+    name = f"{KEY_PREFIX}{sum(k.startswith(KEY_PREFIX) for k in analyzer.virtual)}"
+    analyzer.virtual[name] = emitted
+    analyzer.group_expressions[text] = name
+    return name
+
+
+def key_types(virtual: Mapping[str, exp.Expression]) -> dict[str, str]:
+    """The database type of each virtual key column: BIGINT for bins, BOOLEAN for conditions."""
+    return {
+        name: "BIGINT" if _bin(expression) is not None else "BOOLEAN"
+        for name, expression in virtual.items()
+        if name.startswith(KEY_PREFIX)
+    }
+
+
+def _key(
+    name: str, expression: exp.Expression, table: TablePolicy, shape: QueryShape
+) -> tuple[exp.Expression, list[object]]:
+    """The expression the database runs for a virtual key, and its public domain."""
+    found = _bin(expression)
+    if found is None:
+        return expression, [False, True]
+    column, width, multiplier = found
+    interval = table.column(column.name).bounds
+    if interval is None:
+        raise PolicyError(
+            f"GROUP BY bins of {column.name!r} need its bounds: set "
+            f"[tables.{shape.table}.columns.{column.name}] bounds = [low, high]"
+        )
+    first, last = (math.floor(v / width) for v in interval)
+    if last - first + 1 > MAX_BINS:
+        raise PolicyError(
+            f"GROUP BY bins of {column.name!r} of width {width:g} over its bounds give "
+            f"{last - first + 1} groups (at most {MAX_BINS}); widen the bins"
+        )
+    value = clamped(exp.Paren(this=column), {column.name: interval}, shape.columns)
+    value = value.sql(dialect="duckdb")
+    runs = exp.maybe_parse(
+        f"CAST(FLOOR({value} / {width!r}) AS BIGINT) * {multiplier}", dialect="duckdb"
+    )
+    return runs, [k * multiplier for k in range(first, last + 1)]
+
+
 def with_virtual_bounds(shape: QueryShape, table: TablePolicy) -> tuple[QueryShape, TablePolicy]:
     """``shape`` whose virtual columns read clamped columns, and ``table`` with their derived
     bounds; a virtual column summed or averaged needs bounds on every numeric column it adds."""
@@ -195,6 +340,10 @@ def with_virtual_bounds(shape: QueryShape, table: TablePolicy) -> tuple[QuerySha
     columns = dict(table.columns)
     runs: dict[str, exp.Expression] = {}
     for name, expression in virtual.items():
+        if name.startswith(KEY_PREFIX):
+            runs[name], domain = _key(name, expression, table, shape)
+            columns[name] = table.column(name).model_copy(update={"public_keys": domain})
+            continue
         interval = bounds_of(expression, declared, shape.columns)
         if name in summed and interval is None:
             missing = sorted(

@@ -26,7 +26,7 @@ from tests.sql.test_analyze import FIXTURES, Case, read_cases
 
 CASES = [
     pytest.param(c, id=c.name)
-    for name in ("postprocessed.sql", "filtered.sql", "aggregated.sql")
+    for name in ("postprocessed.sql", "filtered.sql", "aggregated.sql", "grouped.sql")
     for c in read_cases(FIXTURES / name)
 ]
 EPSILON = 1e6
