@@ -266,7 +266,9 @@ class QueryPlan:
                 if self.auto_bounds is not None or rules is None or rules.bounds is None
                 else f"[{rules.bounds[0]:g}, {rules.bounds[1]:g}]"
             )
-            if output.kind is AggregateKind.COUNT:
+            if output.kind is AggregateKind.PERSONS:
+                text = f"persons with a row kept under the bounds ({per_person})"
+            elif output.kind is AggregateKind.COUNT:
                 what = "rows" if column is None else f"rows with a non-NULL {column}"
                 text = f"{what}, {per_person}"
             elif output.kind is AggregateKind.SUM:
@@ -683,6 +685,14 @@ def plan_query(
     wanted: dict[Measure, str] = {}
     for aggregate in shape.aggregates:
         column = aggregate.column
+        if aggregate.kind is AggregateKind.PERSONS:
+            if column != table.privacy_unit:
+                raise UnsupportedQueryError(
+                    f"COUNT(DISTINCT {column}) is supported for the privacy unit only "
+                    f"(COUNT(DISTINCT {table.privacy_unit}) counts persons)"
+                )
+            wanted.setdefault(Measure("", MeasureKind.UNITS, column), aggregate.name)
+            continue
         if aggregate.kind is AggregateKind.COUNT:
             kind = MeasureKind.ROWS if column is None else MeasureKind.COUNT
             wanted.setdefault(Measure("", kind, column), aggregate.name)
@@ -705,6 +715,9 @@ def plan_query(
     for index, ((draft, label), share) in enumerate(zip(wanted.items(), shares, strict=True)):
         grid, units = 1.0, rows_per_unit
         clamp = None
+        if draft.kind is MeasureKind.UNITS:
+            # One person adds at most 1 to each of the groups it keeps a row in.
+            units = min(table.max_groups_per_unit, rows_per_unit) if grouped else 1
         if draft.clamp is not None:
             low, high, _ = draft.clamp
             largest = max(abs(low), abs(high))

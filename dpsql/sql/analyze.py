@@ -526,7 +526,17 @@ class _Analyzer:
             raise AssertionError
         argument = node.this
         if isinstance(argument, exp.Distinct):
-            self.reject(node, f"{kind.value.upper()}(DISTINCT ...) is not supported")
+            distinct = argument.expressions
+            if kind is not AggregateKind.COUNT or len(distinct) != 1 or not isinstance(
+                distinct[0], exp.Column
+            ):
+                self.reject(
+                    node,
+                    f"{kind.value.upper()}(DISTINCT ...) is not supported; COUNT(DISTINCT "
+                    "privacy_unit) counts persons",
+                )
+            column = self.column(distinct[0])
+            return Aggregate(AggregateKind.PERSONS, column, alias or default)
         if node.args.get("expressions"):
             self.reject(node, f"{kind.value.upper()} takes one argument")
         if isinstance(argument, exp.Star):

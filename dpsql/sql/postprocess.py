@@ -590,7 +590,7 @@ def released_types(shape: QueryShape, catalog: Mapping[str, Mapping[str, str]]) 
         if isinstance(output, GroupKey):
             source = catalog[public] if public is not None else shape.types
             types[output.name] = source[output.column]
-        elif output.kind is AggregateKind.COUNT:
+        elif output.kind in (AggregateKind.COUNT, AggregateKind.PERSONS):
             types[output.name] = "BIGINT"
         else:
             types[output.name] = "DOUBLE"

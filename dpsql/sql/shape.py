@@ -83,6 +83,8 @@ class AggregateKind(Enum):
     COUNT = "count"
     SUM = "sum"
     AVG = "avg"
+    PERSONS = "persons"
+    """``COUNT(DISTINCT <privacy unit>)``."""
 
 
 @dataclass(frozen=True)
