@@ -60,6 +60,7 @@ from dpsql.mechanisms import svt
 from dpsql.mechanisms.combined import CombinedRelease
 from dpsql.mechanisms.random import session_generator
 from dpsql.sql.analyze import analyze
+from dpsql.sql.expressions import explained
 from dpsql.sql.generate import (
     bounded_aggregate,
     clipping_profile,
@@ -344,10 +345,9 @@ class Session:
         plan, normalized = self._plan(sql, epsilon, delta, mechanism, shaped, max_answers)
         cost = total(plan.event)
         status = self.budget()
-        post = plan.shape.post
         return {
             "query": normalized,
-            "plan": plan.summary() | ({"post_processing": post.describe()} if post else {}),
+            "plan": plan.summary() | explained(plan.shape),
             "cost": {"epsilon": cost.epsilon, "delta": cost.delta},
             "draws_on": [
                 status.dataset.model_dump(),

@@ -518,6 +518,9 @@ class _Analyzer:
         }
         kind = kinds.get(type(node))
         if kind is None:
+            refusal = expressions.nearest_rewrite(node)
+            if refusal is not None:
+                self.reject(node, refusal)
             self.reject(
                 node,
                 f"{node.sql(dialect=self.parsed.dialect)!r} is not supported in the "

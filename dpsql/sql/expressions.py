@@ -40,6 +40,7 @@ __all__ = [
     "argument",
     "bounds_of",
     "clamped",
+    "explained",
     "group_key",
     "key_types",
     "normalized",
@@ -212,6 +213,34 @@ def _in_condition(column: exp.Column) -> bool:
             return True
         child, parent = parent, parent.parent
     return False
+
+
+def nearest_rewrite(node: exp.Expression) -> str | None:
+    """The refusal of an aggregate dpsql does not answer that names what to ask instead."""
+    name = node.sql(dialect="duckdb")
+    if isinstance(node, (exp.Min, exp.Max)):
+        return (
+            f"{name} is not released: the value of one person decides it. The declared bounds "
+            "of the column are public in the policy; for the edges of the distribution ask for "
+            "a histogram, e.g. SELECT FLOOR(col / w) * w AS bin, COUNT(*) ... GROUP BY bin"
+        )
+    if isinstance(node, (exp.Median, exp.PercentileCont, exp.PercentileDisc, exp.WithinGroup)):
+        return (
+            f"{name}: quantiles are not answered yet; a histogram gives the distribution, e.g. "
+            "SELECT FLOOR(col / w) * w AS bin, COUNT(*) ... GROUP BY bin, or AVG(col)"
+        )
+    return None
+
+
+def explained(shape: QueryShape) -> dict[str, object]:
+    """What EXPLAIN adds for the shapes of this issue: each virtual column (an expression inside
+    an aggregate, or a grouping expression) as the database runs it, and the post-processing."""
+    extra: dict[str, object] = {}
+    if shape.virtual:
+        extra["virtual_columns"] = {n: e.sql(dialect="duckdb") for n, e in shape.virtual.items()}
+    if shape.post is not None:
+        extra["post_processing"] = shape.post.describe()
+    return extra
 
 
 # GROUP BY expressions with public domains ------------------------------------------------------

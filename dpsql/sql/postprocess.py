@@ -496,7 +496,9 @@ def _dp_aggregates(node: exp.Expression) -> Iterator[exp.Expression]:
     stack = [node]
     while stack:
         current = stack.pop()
-        if isinstance(current, exp.Filter) and isinstance(current.this, exp.AggFunc):
+        if isinstance(current, (exp.Filter, exp.WithinGroup)) and isinstance(
+            current.this, exp.AggFunc
+        ):
             yield current  # agg(...) FILTER (WHERE ...) is one aggregate
             continue
         if isinstance(current, exp.AggFunc) and not isinstance(current.parent, exp.Window):

@@ -174,3 +174,18 @@ def test_the_sandbox_reads_no_file(tmp_path: Path) -> None:
         assert connection.execute("SELECT COUNT(*) FROM duckdb_tables()").fetchone() == (0,)
     finally:
         connection.close()
+
+
+def test_explain_shows_virtual_columns_and_post_processing(panel: Path) -> None:
+    sql = (
+        "SELECT FLOOR(hours / 1000) * 1000 AS band, "
+        "SUM(CASE WHEN \"union\" = 'yes' THEN 1 ELSE 0 END) AS members "
+        "FROM males GROUP BY band ORDER BY members DESC"
+    )
+    with seeded_connect(panel, analyst="a", rng=np.random.default_rng(6)) as session:
+        plan = session.explain(sql, epsilon=1.0)["plan"]
+    virtual = plan["virtual_columns"]
+    assert any("FLOOR" in text and "4000.0" in text for text in virtual.values())
+    assert any(text.startswith("CASE WHEN \"union\" = 'yes'") for text in virtual.values())
+    assert plan["groups"] == 5
+    assert plan["post_processing"]["intervals"] == {"members": "the released interval"}
