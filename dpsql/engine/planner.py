@@ -261,6 +261,8 @@ class QueryPlan:
                 continue
             column = output.column
             rules = None if column is None else self.table.column(column)
+            if column in self.shape.virtual:
+                column = self.shape.virtual[column].meta.get("text", column)
             clamp = (
                 "automatic bounds (see details)"
                 if self.auto_bounds is not None or rules is None or rules.bounds is None

@@ -549,6 +549,7 @@ class _Analyzer:
         if not isinstance(argument, exp.Column):
             column = f"{expressions.PREFIX}{len(self.virtual)}"
             self.virtual[column] = expressions.argument(self, argument, kind.value.upper())
+            self.virtual[column].meta["text"] = argument.sql(dialect=self.parsed.dialect)
             return Aggregate(kind, column, alias or default)
         column = self.column(argument)
         if kind is not AggregateKind.COUNT and not self.kind(column).numeric:
