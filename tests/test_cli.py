@@ -170,7 +170,7 @@ def test_console_script_runs_the_demo(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     assert "Requests per country" in done.stdout and "Privacy budget" in done.stdout
-    assert "refused: 'MAX(bytes)' is not supported" in done.stdout
+    assert "refused: MAX(bytes) is not released" in done.stdout
     assert "synopsis:requests_url_" in done.stdout
     missing = subprocess.run(
         [

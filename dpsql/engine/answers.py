@@ -101,7 +101,9 @@ def laplace_answer(
             index = plan.shape.group_by.index(output.column)
             columns[output.name] = [k[index] for k in keys]
             continue
-        if output.kind is AggregateKind.COUNT:
+        if output.kind is AggregateKind.PERSONS:
+            label = next(m.label for m in plan.measurements if m.measure.kind is MeasureKind.UNITS)
+        elif output.kind is AggregateKind.COUNT:
             label = next(
                 m.label
                 for m in plan.measurements

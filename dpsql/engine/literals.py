@@ -31,6 +31,7 @@ from sqlglot import exp
 from dpsql.engine.policy import Policy, PublicKey, TablePolicy
 from dpsql.errors import PolicyError, UnsupportedQueryError
 from dpsql.sql.analyze import temporal_pattern
+from dpsql.sql.filters import check_unit_filters
 from dpsql.sql.partition import domain_probe, mentions, restrict
 from dpsql.sql.shape import ColumnKind, QueryShape
 
@@ -181,7 +182,14 @@ class Binder:
         """``shape`` with backend-converted literals, binary string columns, and its WHERE clause
         restricted to the partition values it is charged for."""
         table = policy.table(shape.table)
+        check_unit_filters(
+            shape,
+            table.privacy_unit if table is not None else None,
+            table.partition_column if table is not None else None,
+        )
         used = sorted({c.name for c in shape.where.find_all(exp.Column)} if shape.where else set())
+        used += [c.name for e in shape.virtual.values() for c in e.find_all(exp.Column)]
+        shape = replace(shape, virtual={n: self._converted(e) for n, e in shape.virtual.items()})
         used += list(shape.group_by) if shape.range_join is None else []
         if shape.range_join is not None:
             used.append(shape.range_join.value)

@@ -20,6 +20,7 @@ from dpsql.engine.policy import Policy, PublicKey, TablePolicy
 from dpsql.errors import ParameterError, PolicyError, SchemaError, UnsupportedQueryError
 from dpsql.mechanisms import combined, svt, threshold
 from dpsql.mechanisms.laplace import MAX_GRID, choose_grid, noise_scale
+from dpsql.sql.expressions import with_virtual_bounds
 from dpsql.sql.generate import Bounds, Measure, MeasureKind
 from dpsql.sql.shape import AggregateKind, ColumnKind, GroupKey, QueryShape
 
@@ -260,12 +261,16 @@ class QueryPlan:
                 continue
             column = output.column
             rules = None if column is None else self.table.column(column)
+            if column in self.shape.virtual:
+                column = self.shape.virtual[column].meta.get("text", column)
             clamp = (
                 "automatic bounds (see details)"
                 if self.auto_bounds is not None or rules is None or rules.bounds is None
                 else f"[{rules.bounds[0]:g}, {rules.bounds[1]:g}]"
             )
-            if output.kind is AggregateKind.COUNT:
+            if output.kind is AggregateKind.PERSONS:
+                text = f"persons with a row kept under the bounds ({per_person})"
+            elif output.kind is AggregateKind.COUNT:
                 what = "rows" if column is None else f"rows with a non-NULL {column}"
                 text = f"{what}, {per_person}"
             elif output.kind is AggregateKind.SUM:
@@ -633,6 +638,7 @@ def plan_query(
     table = policy.table(shape.table)
     if table is None:
         raise PolicyError(f"table {shape.table!r} is not covered by the privacy policy")
+    shape, table = with_virtual_bounds(shape, table)
     if table.privacy_unit not in shape.columns:
         raise SchemaError(
             f"the policy's privacy unit {table.privacy_unit!r} is not a column "
@@ -681,6 +687,14 @@ def plan_query(
     wanted: dict[Measure, str] = {}
     for aggregate in shape.aggregates:
         column = aggregate.column
+        if aggregate.kind is AggregateKind.PERSONS:
+            if column != table.privacy_unit:
+                raise UnsupportedQueryError(
+                    f"COUNT(DISTINCT {column}) is supported for the privacy unit only "
+                    f"(COUNT(DISTINCT {table.privacy_unit}) counts persons)"
+                )
+            wanted.setdefault(Measure("", MeasureKind.UNITS, column), aggregate.name)
+            continue
         if aggregate.kind is AggregateKind.COUNT:
             kind = MeasureKind.ROWS if column is None else MeasureKind.COUNT
             wanted.setdefault(Measure("", kind, column), aggregate.name)
@@ -703,6 +717,9 @@ def plan_query(
     for index, ((draft, label), share) in enumerate(zip(wanted.items(), shares, strict=True)):
         grid, units = 1.0, rows_per_unit
         clamp = None
+        if draft.kind is MeasureKind.UNITS:
+            # One person adds at most 1 to each of the groups it keeps a row in.
+            units = min(table.max_groups_per_unit, rows_per_unit) if grouped else 1
         if draft.clamp is not None:
             low, high, _ = draft.clamp
             largest = max(abs(low), abs(high))

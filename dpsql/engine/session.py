@@ -22,6 +22,7 @@ from dpsql.accountant.units import Cost, check_budget_value
 from dpsql.engine.answers import ALP_ROWS_PER_KEY, key_answer, laplace_answer, range_answer
 from dpsql.engine.backends import Backend, DuckDBBackend
 from dpsql.engine.contributions import contribution_answer, plan_contributions
+from dpsql.engine.derived import post_processed
 from dpsql.engine.literals import Binder, BoundShape
 from dpsql.engine.planner import (
     AUTO_BOUND_EXPONENTS,
@@ -59,6 +60,7 @@ from dpsql.mechanisms import svt
 from dpsql.mechanisms.combined import CombinedRelease
 from dpsql.mechanisms.random import session_generator
 from dpsql.sql.analyze import analyze
+from dpsql.sql.expressions import explained
 from dpsql.sql.generate import (
     bounded_aggregate,
     clipping_profile,
@@ -345,7 +347,7 @@ class Session:
         status = self.budget()
         return {
             "query": normalized,
-            "plan": plan.summary(),
+            "plan": plan.summary() | explained(plan.shape),
             "cost": {"epsilon": cost.epsilon, "delta": cost.delta},
             "draws_on": [
                 status.dataset.model_dump(),
@@ -382,7 +384,13 @@ class Session:
             mechanism=plan.mechanism,
             partition=plan.partition,
         )
-        return _after_charge(lambda: self._kept(self._answer(plan, entry)))
+        post = plan.shape.post
+
+        def answer() -> QueryResult:
+            released = self._answer(plan, entry)
+            return self._kept(released if post is None else post_processed(released, post))
+
+        return _after_charge(answer)
 
     def _kept(self, result: QueryResult) -> QueryResult:
         """Store a released answer under its ledger entry (``dpsql result N``), return it."""
@@ -593,7 +601,7 @@ class Session:
     def _synopsis_for(
         self, shape: QueryShape, mechanism: str | None
     ) -> tuple[Synopsis, PointQuery] | None:
-        if (mechanism or shape.options.get("mechanism")) == "laplace":
+        if (mechanism or shape.options.get("mechanism")) == "laplace" or shape.post is not None:
             return None
         readings = point_queries(shape)
         if not readings:

@@ -11,6 +11,7 @@ leak), and none is decided by implicit casts that Python would model differently
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -19,6 +20,7 @@ from decimal import Decimal, InvalidOperation
 from sqlglot import exp
 
 from dpsql.errors import SchemaError, SqlSyntaxError, UnsupportedQueryError
+from dpsql.sql import ctes, expressions, filters, postprocess
 from dpsql.sql.parse import ParsedQuery
 from dpsql.sql.shape import (
     Aggregate,
@@ -97,6 +99,9 @@ class _Analyzer:
         self.public_aliases: set[str] = set()
         self.public_columns: dict[str, str] = {}
         self.position: tuple[int | None, int | None] = (None, None)
+        self.virtual: dict[str, exp.Expression] = {}
+        self.group_expressions: dict[str, str] = {}
+        """Normalized text of a GROUP BY expression -> its virtual key column."""
 
     def check_alias(self, alias: exp.Expression | None) -> None:
         """Refuse an unquoted alias that is a reserved word: ``FROM t GROUP`` is a GROUP BY
@@ -154,7 +159,9 @@ class _Analyzer:
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             self.reject(select, f"output column names must be distinct, repeated: {duplicates}")
-        kinds = {name: ColumnKind.of(type_name) for name, type_name in self.columns.items()}
+        types = dict(self.columns)
+        types.update(expressions.key_types(self.virtual))
+        kinds = {name: ColumnKind.of(type_name) for name, type_name in types.items()}
         having = select.args.get("having")
         return QueryShape(
             self.table,
@@ -165,7 +172,8 @@ class _Analyzer:
             dict(self.parsed.options),
             self.having(having.this, outputs) if having is not None else None,
             range_join,
-            dict(self.columns),
+            types,
+            virtual=dict(self.virtual),
         )
 
     # JOIN with a public range table and HAVING --------------------------------------------------
@@ -315,7 +323,11 @@ class _Analyzer:
             )
         if isinstance(node, exp.Not):
             return exp.Not(this=self.predicate(node.this))
+        if filters.is_like(node):
+            return filters.like(self, node)
         if isinstance(node, _COMPARISONS):
+            if filters.is_text_operand(node.this) or filters.is_text_operand(node.expression):
+                return filters.text_comparison(self, node, dict(_FLIPPED))
             return self.comparison(node)
         if isinstance(node, exp.Between):
             name = self.predicate_column(node.this, "BETWEEN")
@@ -329,6 +341,8 @@ class _Analyzer:
             )
             return exp.Paren(this=exp.Or(this=between, expression=swapped))
         if isinstance(node, exp.In):
+            if node.args.get("query"):
+                return filters.unit_filter(self, node)
             name = self.predicate_column(node.this, "IN")
             if node.args.get("query") or node.args.get("unnest") or node.args.get("field"):
                 self.reject(node, "IN takes a list of literals, not a subquery")
@@ -404,7 +418,7 @@ class _Analyzer:
     def number(self, node: exp.Expression, name: str) -> exp.Expression:
         negative = isinstance(node, exp.Neg)
         inner = node.this if negative else node
-        if not (isinstance(inner, exp.Literal) and not inner.is_string):
+        if not isinstance(inner, exp.Literal) or (inner.is_string and negative):
             self.reject(node, f"column {name!r} is numeric; compare it with a number")
         text = ("-" if negative else "") + inner.this
         try:
@@ -468,15 +482,13 @@ class _Analyzer:
         if any(name.lower() == node.name.lower() for name in self.columns):
             return node
         for output in select.expressions:
-            if (
-                isinstance(output, exp.Alias)
-                and isinstance(output.this, exp.Column)
-                and output.alias.lower() == node.name.lower()
-            ):
+            if isinstance(output, exp.Alias) and output.alias.lower() == node.name.lower():
                 return output.this
         return node
 
     def group_column(self, node: exp.Expression) -> str:
+        if not isinstance(node, exp.Column) and not self.public_table:
+            return expressions.group_key(self, node)
         if not isinstance(node, exp.Column):
             self.reject(node, "GROUP BY takes column names only")
         if self.public_table:
@@ -488,11 +500,17 @@ class _Analyzer:
         if isinstance(node, exp.Alias):
             self.check_alias(node.args.get("alias"))
             alias, node = node.alias, node.this
+        key = self.group_expressions.get(expressions.normalized(node))
+        if key is not None and key in group_by:
+            return GroupKey(key, alias or node.sql(dialect=self.parsed.dialect))
         if isinstance(node, exp.Column):
             name = self.public_column(node) if self.public_table else self.column(node)
             if name not in group_by:
                 self.reject(node, f"column {name!r} must appear in GROUP BY or inside an aggregate")
             return GroupKey(name, alias or name)
+        default = node.sql(dialect=self.parsed.dialect)
+        if isinstance(node, exp.Filter):
+            node = expressions.unfiltered(node)
         kinds = {
             exp.Count: AggregateKind.COUNT,
             exp.Sum: AggregateKind.SUM,
@@ -500,6 +518,9 @@ class _Analyzer:
         }
         kind = kinds.get(type(node))
         if kind is None:
+            refusal = expressions.nearest_rewrite(node)
+            if refusal is not None:
+                self.reject(node, refusal)
             self.reject(
                 node,
                 f"{node.sql(dialect=self.parsed.dialect)!r} is not supported in the "
@@ -508,20 +529,28 @@ class _Analyzer:
             raise AssertionError
         argument = node.this
         if isinstance(argument, exp.Distinct):
-            self.reject(node, f"{kind.value.upper()}(DISTINCT ...) is not supported")
+            distinct = argument.expressions
+            if kind is not AggregateKind.COUNT or len(distinct) != 1 or not isinstance(
+                distinct[0], exp.Column
+            ):
+                self.reject(
+                    node,
+                    f"{kind.value.upper()}(DISTINCT ...) is not supported; COUNT(DISTINCT "
+                    "privacy_unit) counts persons",
+                )
+            column = self.column(distinct[0])
+            return Aggregate(AggregateKind.PERSONS, column, alias or default)
         if node.args.get("expressions"):
             self.reject(node, f"{kind.value.upper()} takes one argument")
-        default = node.sql(dialect=self.parsed.dialect)
         if isinstance(argument, exp.Star):
             if kind is not AggregateKind.COUNT:
                 self.reject(node, f"{kind.value.upper()}(*) is not valid")
             return Aggregate(kind, None, alias or default)
         if not isinstance(argument, exp.Column):
-            self.reject(
-                node,
-                f"{kind.value.upper()} takes a column name (expressions inside "
-                "aggregates are not supported)",
-            )
+            column = f"{expressions.PREFIX}{len(self.virtual)}"
+            self.virtual[column] = expressions.argument(self, argument, kind.value.upper())
+            self.virtual[column].meta["text"] = argument.sql(dialect=self.parsed.dialect)
+            return Aggregate(kind, column, alias or default)
         column = self.column(argument)
         if kind is not AggregateKind.COUNT and not self.kind(column).numeric:
             self.reject(
@@ -533,8 +562,24 @@ class _Analyzer:
 
 
 def analyze(parsed: ParsedQuery, catalog: Mapping[str, Mapping[str, str]]) -> QueryShape:
-    """Validate ``parsed`` against the allow-list and the catalog (table -> column -> type)."""
-    return _Analyzer(parsed, catalog).shape()
+    """Validate ``parsed`` against the allow-list and the catalog (table -> column -> type).
+
+    Post-processing of the released answer (ORDER BY, LIMIT, arithmetic, windows, ...) is split
+    off first (``dpsql.sql.postprocess``); the shape then carries it in ``post``."""
+    parsed = ctes.inline(parsed, catalog)
+    try:
+        inner, post = postprocess.split(parsed, catalog)
+    except (UnsupportedQueryError, SchemaError, SqlSyntaxError):
+        source = postprocess.source_only(parsed)
+        if source is not None:
+            _Analyzer(source, catalog).shape()  # FROM and WHERE are read first
+        raise
+    shape = _Analyzer(inner, catalog).shape()
+    if post is None:
+        return shape
+    post = dataclasses.replace(post, types=postprocess.released_types(shape, catalog))
+    postprocess.check(post)
+    return dataclasses.replace(shape, post=post)
 
 
 def _unknown_table(name: str) -> str:

@@ -54,6 +54,8 @@ class MeasureKind(Enum):
     ROWS = "rows"
     COUNT = "count"
     SUM = "sum"
+    UNITS = "units"
+    """Units with a row kept in the group (``COUNT(DISTINCT unit)``): 0 or 1 per cell."""
 
 
 @dataclass(frozen=True)
@@ -274,7 +276,7 @@ def bounded_aggregate(
     select += [
         f"{_value(m, offset)} AS __value{i}"
         for i, m in enumerate(measures)
-        if m.kind is not MeasureKind.ROWS
+        if m.kind not in (MeasureKind.ROWS, MeasureKind.UNITS)
     ]
     # A row without a privacy unit cannot be bounded per person: it is left out.
     conditions = [f"{_identifier(bounds.unit)} IS NOT NULL"]
@@ -288,6 +290,12 @@ def bounded_aggregate(
             conditions.append(f"{_identifier(column)} IS NOT NULL")
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
     source = _enforced(shape.table, bounds.unit, bounds.partition)
+    if shape.virtual:
+        # Expressions inside aggregates, as columns (dpsql.sql.expressions).
+        virtual = ", ".join(
+            f"{e.sql(dialect='duckdb')} AS {_identifier(n)}" for n, e in shape.virtual.items()
+        )
+        source = f"(SELECT *, {virtual} FROM {source}) AS __virtual"
     if digest is not None and any(m.kind is MeasureKind.SUM for m in measures):
         # The rounding offset's MD5 once per row, read digit by digit by the values.
         source = f"(SELECT *, {digest} AS __digest FROM {source}{where}) AS __rows"
@@ -299,7 +307,7 @@ def bounded_aggregate(
     cells_of: dict[int, str] = {}
     cell_measures = []
     for i, measure in enumerate(measures):
-        if measure.kind is MeasureKind.ROWS:
+        if measure.kind in (MeasureKind.ROWS, MeasureKind.UNITS):
             continue
         if measure.kind is MeasureKind.COUNT:
             aggregate = f"COUNT(__value{i})"
@@ -380,6 +388,8 @@ def bounded_aggregate(
         # Multiply before dividing: a cell that keeps all its rows is reproduced exactly.
         # COUNT(*) is the rows' worth kept itself.
         scaled = f"{cells_of[i]} * {kept} / __rows" if i in cells_of else kept
+        if measure.kind is MeasureKind.UNITS:
+            scaled = f"CASE WHEN {kept} > 0 THEN 1.0 ELSE 0.0 END"
         # A cell is clamped to +-2**53 before the cast, so no data overflows a BIGINT; clamping
         # only shrinks what a unit adds, so the sensitivity holds.
         cell = f"LEAST(GREATEST(TRUNC({scaled}), -{_EXACT}.0), {_EXACT}.0)"

@@ -83,6 +83,8 @@ class AggregateKind(Enum):
     COUNT = "count"
     SUM = "sum"
     AVG = "avg"
+    PERSONS = "persons"
+    """``COUNT(DISTINCT <privacy unit>)``."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +144,11 @@ class QueryShape:
     range_join: RangeJoin | None = None
     types: dict[str, str] = field(default_factory=dict)
     """The database's type name of each column of ``table``."""
+    virtual: dict[str, exp.Expression] = field(default_factory=dict)
+    """Expressions inside aggregates, as columns ``__dp_e<i>`` the aggregates read
+    (``dpsql.sql.expressions``)."""
+    post: Any = None
+    """The post-processing of the released answer (``dpsql.sql.postprocess.PostProcess``)."""
 
     @property
     def aggregates(self) -> tuple[Aggregate, ...]:

@@ -340,6 +340,13 @@ EXTREME_QUERIES = [
     "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(mechanism='alp') kt, COUNT(*) FROM v GROUP BY kt",
     "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(delta=0) ki, COUNT(*) FROM v GROUP BY ki",
     "SELECT COUNT(*) FROM v WHERE kt = 'k3'",
+    # Issue 16's shapes: expressions in aggregates, bins, persons, filters, post-processing.
+    "SELECT SUM(CASE WHEN d > 0 THEN h ELSE 0 END), COUNT(*) FILTER (WHERE f > 1) FROM v",
+    "SELECT AVG(h * 2 - m / 4), STDDEV(h), SUM(m) / COUNT(*) FROM v",
+    "SELECT FLOOR(h / 1e19) AS b, d > 0 AS pos, COUNT(DISTINCT u) FROM v GROUP BY ALL",
+    "SELECT kt, COUNT(*) AS n FROM v WHERE lower(kt) LIKE 'k%' GROUP BY kt ORDER BY n DESC LIMIT 2",
+    "SELECT COUNT(*) FROM v WHERE u IN (SELECT u FROM v WHERE d > 1.5 OR ki = '3')",
+    "WITH w AS (SELECT u, ki, m FROM v WHERE ki <> 3) SELECT SUM(m) AS s FROM w ORDER BY 1",
 ]
 
 

@@ -137,7 +137,7 @@ def test_cli_remote_errors_are_one_line(server: Server) -> None:
         "query", "SELECT MAX(bytes) FROM requests", DPSQL_URL=server.url, DPSQL_TOKEN=server.alice
     )
     assert refused.returncode == 1
-    assert refused.stderr.startswith("dpsql: error: 'MAX(bytes)' is not supported")
+    assert refused.stderr.startswith("dpsql: error: MAX(bytes) is not released")
     assert len(refused.stderr.strip().splitlines()) == 1
     forbidden = run_cli("ledger", "verify", DPSQL_URL=server.url, DPSQL_TOKEN=server.alice)
     assert forbidden.returncode == 1 and "auditor token" in forbidden.stderr

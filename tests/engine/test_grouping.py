@@ -1,0 +1,82 @@
+"""GROUP BY expressions with public domains (``dpsql.sql.expressions``): privacy on neighbours.
+
+The groups a query answers come from the policy (bins of a column's declared bounds; TRUE and
+FALSE for a condition), never from the data: on neighbouring tables (with and without one person
+whose values lie outside every bound, or are NaN/NULL) the released keys are the same, and the
+bounded counts move by at most that person's contribution bound. The broken twin, a domain read
+from the data (``SELECT DISTINCT``), releases a key only the added person has.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from tests.conftest import make_database, seeded_connect
+from tests.engine.panel import POLICY, YEARS, panel_frame, truth
+
+QUERIES = [
+    "SELECT FLOOR(hours / 500) * 500 AS band, COUNT(*) AS n FROM males GROUP BY band",
+    "SELECT school >= 13 AS college, COUNT(*) AS n FROM males GROUP BY 1",
+    "SELECT FLOOR(wage / 10) * 10 AS w, hours > 2000 AS long, COUNT(*) AS n "
+    "FROM males GROUP BY ALL",
+]
+TWIN = "SELECT DISTINCT FLOOR(hours / 500) * 500 FROM males"
+
+
+def _outlier(person: int) -> pd.DataFrame:
+    return pd.DataFrame(
+        {
+            "nr": person,
+            "year": np.array(YEARS, dtype=np.int32),
+            "ethn": "other",
+            "union": "yes",
+            "hours": np.array([10**6, -5, 10**6, 3999, 10**6, -5, 10**6, 0], dtype=np.int32),
+            "wage": [np.nan, 1e300, -1.0, 40.0, np.inf, 0.0, 39.99, np.nan],
+            "school": np.array([99, -1, 13, 12, 99, 0, 20, 13], dtype=np.int32),
+            "industry": "Trade",
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def neighbours(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    directory = tmp_path_factory.mktemp("neighbours")
+    frame = panel_frame(persons=120, seed=5)
+    with_person = pd.concat([frame, _outlier(10_000)], ignore_index=True)
+    return (
+        make_database(directory / "without.duckdb", {"males": frame}, POLICY),
+        make_database(directory / "with.duckdb", {"males": with_person}, POLICY),
+    )
+
+
+@pytest.mark.parametrize("sql", QUERIES)
+def test_released_groups_come_from_the_policy_and_counts_move_by_one_persons_bound(
+    sql: str, neighbours: tuple[Path, Path]
+) -> None:
+    answers = []
+    for database in neighbours:
+        with seeded_connect(database, analyst="a", rng=np.random.default_rng(9)) as session:
+            answers.append(session.execute(sql, epsilon=1e6))
+    keys = [[row[:-1] for row in answer.rows] for answer in answers]
+    assert keys[0] == keys[1]
+    counts = [np.array([row[-1] for row in answer.rows], dtype=float) for answer in answers]
+    moved = np.abs(counts[1] - counts[0]).sum()
+    assert 0 < moved <= 8  # max_rows_per_unit of the panel's policy
+
+
+def test_the_bins_cover_the_whole_declared_range(neighbours: tuple[Path, Path]) -> None:
+    with seeded_connect(neighbours[0], analyst="a", rng=np.random.default_rng(1)) as session:
+        result = session.execute(QUERIES[0], epsilon=1.0)
+    assert [row[0] for row in result.rows] == list(range(0, 4001, 500))
+
+
+def test_the_broken_twin_domain_read_from_the_data_reveals_the_person(
+    neighbours: tuple[Path, Path],
+) -> None:
+    without, with_person = (sorted(v for (v,) in truth(db, TWIN)) for db in neighbours)
+    assert without != with_person
+    assert set(with_person) - set(without) == {-500.0, 1_000_000.0}
