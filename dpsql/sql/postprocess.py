@@ -96,10 +96,16 @@ class PostProcess:
 
 
 def sandbox() -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB that can read no file and holds no table: post-processing runs here."""
+    """An in-memory DuckDB that can read no file and holds no table: post-processing runs here
+    (its configuration locked, so nothing run in it can widen that)."""
     return duckdb.connect(
         ":memory:",
-        config={"enable_external_access": False, "threads": 1, "memory_limit": "512MB"},
+        config={
+            "enable_external_access": False,
+            "threads": 1,
+            "memory_limit": "512MB",
+            "lock_configuration": True,
+        },
     )
 
 
