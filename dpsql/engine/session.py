@@ -27,6 +27,7 @@ from dpsql.engine.planner import (
     AUTO_BOUND_EXPONENTS,
     QueryPlan,
     plan_query,
+    with_key_hash_seed,
 )
 from dpsql.engine.policy import Policy, load_policy, parse_policy
 from dpsql.engine.progress import (
@@ -374,6 +375,7 @@ class Session:
         if synopsis is not None:
             return self._from_synopsis(synopsis, (shaped[0].shape, shaped[1]))
         plan, normalized = self._plan(sql, epsilon, delta, mechanism, shaped, max_answers)
+        plan = with_key_hash_seed(plan, self.rng)
         entry = self._ledger.charge(
             analyst=self.analyst,
             event=plan.event,
