@@ -17,7 +17,14 @@ import pandas as pd
 from dpsql.accountant.ledger import LedgerEntry
 from dpsql.engine.planner import MECHANISM, QueryPlan, literal_text
 from dpsql.engine.results import QueryResult
-from dpsql.mechanisms import combined, gaussian_threshold, sketch_split, svt, threshold
+from dpsql.mechanisms import (
+    combined,
+    gaussian_threshold,
+    sketch_split,
+    svt,
+    threshold,
+    weighted_selection,
+)
 from dpsql.mechanisms.combined import CombinedRelease
 from dpsql.mechanisms.hashing import hash_keys, new_seed
 from dpsql.mechanisms.laplace import interval_half_width, release_counts, release_grid_sums
@@ -178,17 +185,24 @@ def key_answer(
         "rng": rng,
     }
     seed = spec.key_hash_seed if spec.key_hash_seed is not None else new_seed(rng)
-    if spec.mechanism == "threshold_gaussian":
+    if spec.mechanism == "weighted":
+        released = weighted_selection.release(
+            keys,
+            counts,
+            frame["weight"].to_numpy(dtype=np.int64),
+            epsilon=plan.epsilon,
+            delta=spec.delta,
+            bounds=_contribution(plan),
+            confidence=plan.confidence,
+            rng=rng,
+        )
+    elif spec.mechanism == "threshold_gaussian":
         released = gaussian_threshold.release(
             keys,
             counts,
             epsilon=plan.epsilon,
             delta=spec.delta,
-            bounds=threshold.Contribution(
-                plan.bounds.max_groups_per_unit,
-                plan.bounds.max_rows_per_group,
-                plan.bounds.max_rows_per_unit,
-            ),
+            bounds=_contribution(plan),
             confidence=plan.confidence,
             rng=rng,
         )
@@ -232,6 +246,13 @@ def key_answer(
         details={} if seed is None else {"key_hash_seed": seed},
     )
     return result, structure
+
+
+def _contribution(plan: QueryPlan) -> threshold.Contribution:
+    bounds = plan.bounds
+    return threshold.Contribution(
+        bounds.max_groups_per_unit, bounds.max_rows_per_group, bounds.max_rows_per_unit
+    )
 
 
 def _shown_keys(

@@ -1,47 +1,46 @@
 """Which mechanism releases the keys of a GROUP BY without public keys, when none is named.
 
-With δ > 0, the candidates are the Laplace threshold (:mod:`dpsql.mechanisms.threshold`, L1
-sensitivity ``min(L0·L∞, R)``) and the Gaussian threshold (:mod:`dpsql.mechanisms.
-gaussian_threshold`, L2 sensitivity ``sqrt(L∞'·l1)``, ``√L0·L∞`` without R), at the same (ε, δ) and
-bounds. Both release a key with true count ``c`` with probability ``P(c + Z >= τ)``, at least 1/2
-exactly when ``c >= τ`` (both noises are symmetric), so the one with the smaller τ releases every
-key the other releases half the time, and more: the default is the smaller τ (ties: Laplace, which
-is pure ε-DP on the released counts). The choice is computed from ε, δ and the policy's bounds
-alone, never from the data, and costs no privacy. ``EXPLAIN`` shows both τ's.
+With δ > 0 the candidates, at the same (ε, δ) and contribution bounds, are the Laplace threshold
+(:mod:`dpsql.mechanisms.threshold`, L1 sensitivity ``min(L0·L∞, R)``), the Gaussian threshold
+(:mod:`dpsql.mechanisms.gaussian_threshold`, L2 sensitivity ``√(L∞'·l1)``) and weighted selection
+(:mod:`dpsql.mechanisms.weighted_selection`, each person's weights of L2 norm at most W). Each
+releases a key with probability at least 1/2 once its statistic reaches τ (symmetric noise), so the
+comparison is the number of persons a key needs to be released half the time:
 
-With δ = 0 (a declared ``key_domain``) only pure-DP mechanisms qualify: the combined threshold +
-ALP synopsis, as before.
+- thresholds: ``τ`` persons (count units, L∞ = 1 per person and key);
+- weighted: ``τ_w / w_m`` persons who each have ``m`` keys, with the public reference ``m =
+  ⌈K/2⌉`` (``K = min(L0, R)`` keys allowed per person: persons use half their allowance).
+
+The smallest wins (ties: Laplace, then Gaussian). Everything is computed from ε, δ and the policy
+alone, never from the data, and costs no privacy; ``EXPLAIN`` shows all three numbers. With δ = 0
+(a declared ``key_domain``) only pure-DP mechanisms qualify: the combined threshold + ALP synopsis.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-from dpsql.mechanisms import gaussian_threshold, threshold
+from dpsql.mechanisms import gaussian_threshold, threshold, weighted_selection
 
 __all__ = ["DefaultChoice", "choose_default"]
 
 
 @dataclass(frozen=True)
 class DefaultChoice:
-    """The mechanism chosen for a δ > 0 key release and why."""
+    """The mechanism chosen for a δ > 0 key release and the numbers that chose it."""
 
     mechanism: str
-    laplace_tau: int
-    gaussian: gaussian_threshold.GaussianThreshold | None
+    needed: dict[str, float]
+    """Persons a key needs to be released half the time, per candidate mechanism."""
+    reference_keys: int
 
     def why(self) -> str:
-        if self.gaussian is None:
-            return (
-                f"default: Laplace threshold (tau = {self.laplace_tau}); no discrete Gaussian "
-                "meets delta at this epsilon within sigma <= 32768"
-            )
-        name = "Gaussian" if self.mechanism == "threshold_gaussian" else "Laplace"
+        listed = ", ".join(f"{name} {value:.4g}" for name, value in self.needed.items())
         return (
-            f"default: {name} threshold, the smaller tau at equal (epsilon, delta) and bounds "
-            f"(Laplace tau = {self.laplace_tau}, Gaussian tau = {self.gaussian.tau}); a key "
-            "whose bounded count reaches tau is released at least half the time, so the smaller "
-            "tau releases more keys"
+            f"default: {self.mechanism}, the fewest persons a key needs to be released at least "
+            f"half the time at equal (epsilon, delta) and bounds ({listed}; weighted assumes "
+            f"persons with {self.reference_keys} keys each)"
         )
 
 
@@ -49,17 +48,28 @@ def choose_default(epsilon: float, delta: float, bounds: threshold.Contribution)
     """The δ > 0 default (module doc).
 
     >>> choose_default(1.0, 1e-6, threshold.Contribution(10, 1, 10)).mechanism
-    'threshold_gaussian'
+    'weighted'
     >>> choose_default(1.0, 1e-6, threshold.Contribution(1, 1)).mechanism
     'threshold'
     """
-    laplace_tau = threshold.tau_for_delta(
-        epsilon=epsilon,
-        delta=delta,
-        max_groups_per_unit=bounds.max_groups_per_unit,
-        max_rows_per_group=bounds.max_rows_per_group,
-        max_rows_per_unit=bounds.max_rows_per_unit,
-    )
+    needed: dict[str, float] = {
+        "threshold": float(
+            threshold.tau_for_delta(
+                epsilon=epsilon,
+                delta=delta,
+                max_groups_per_unit=bounds.max_groups_per_unit,
+                max_rows_per_group=bounds.max_rows_per_group,
+                max_rows_per_unit=bounds.max_rows_per_unit,
+            )
+        )
+    }
     gaussian = gaussian_threshold.plan(epsilon, delta, bounds)
-    better = gaussian is not None and gaussian.tau < laplace_tau
-    return DefaultChoice("threshold_gaussian" if better else "threshold", laplace_tau, gaussian)
+    if gaussian is not None:
+        needed["threshold_gaussian"] = float(gaussian.tau)
+    reference = math.ceil(bounds.new_keys / 2)
+    if bounds.new_keys > 1:
+        weighted = weighted_selection.plan(epsilon, delta, bounds)
+        if weighted is not None:
+            needed["weighted"] = weighted.units_needed(reference)
+    chosen = min(needed, key=lambda name: (needed[name], list(needed).index(name)))
+    return DefaultChoice(chosen, needed, reference)

@@ -19,7 +19,13 @@ from dpsql.accountant.units import Cost
 from dpsql.engine.key_mechanisms import DefaultChoice, choose_default
 from dpsql.engine.policy import Policy, PublicKey, TablePolicy
 from dpsql.errors import ParameterError, PolicyError, SchemaError, UnsupportedQueryError
-from dpsql.mechanisms import gaussian_threshold, sketch_split, svt, threshold
+from dpsql.mechanisms import (
+    gaussian_threshold,
+    sketch_split,
+    svt,
+    threshold,
+    weighted_selection,
+)
 from dpsql.mechanisms.laplace import MAX_GRID, choose_grid, noise_scale
 from dpsql.sql.generate import Bounds, Measure, MeasureKind
 from dpsql.sql.shape import AggregateKind, ColumnKind, GroupKey, QueryShape
@@ -75,11 +81,15 @@ class KeyRelease:
     """Public seed of released key hashes, drawn before the charge and recorded in the ledger."""
     gaussian: gaussian_threshold.GaussianThreshold | None = None
     """σ², τ and the two parts of δ of a Gaussian threshold (``scale`` is σ)."""
+    weighted: weighted_selection.WeightedPlan | None = None
+    """Weighted selection's noises and τ (in weight units); ``scale`` is the counts' σ."""
     default: DefaultChoice | None = None
     """Why this mechanism, when the query named none (``dpsql.engine.key_mechanisms``)."""
 
     def released_with_probability(self, probability: float) -> int:
         """The smallest true count released with at least ``probability``."""
+        if self.weighted is not None:
+            return math.ceil(self.weighted.units_needed(1))
         if self.gaussian is not None:
             return self.gaussian.count_released_with_probability(probability)
         return threshold.count_released_with_probability(self.tau, self.scale, probability)
@@ -157,6 +167,13 @@ class QueryPlan:
                 "sensitivity max_rows_per_unit x the largest number of overlapping ranges"
             )
         if self.key_release is not None:
+            if self.key_release.mechanism == "weighted":
+                return (
+                    "GROUP BY over a column without public keys and delta > 0: weighted "
+                    "selection (each person spreads a bounded L2 weight over their keys, "
+                    "discrete Gaussian noise, Gopi et al. 2020), then discrete Gaussian counts of "
+                    "the selected keys; nothing about the others"
+                )
             if self.key_release.mechanism == "threshold_gaussian":
                 return (
                     "GROUP BY over a column without public keys and delta > 0: thresholding with "
@@ -404,6 +421,23 @@ def _key_release_extras(release: KeyRelease, epsilon: float) -> dict[str, Any]:
     extras: dict[str, Any] = {}
     if release.default is not None:
         extras["default_choice"] = release.default.why()
+    if release.weighted is not None:
+        plan = release.weighted
+        extras["selection"] = {
+            "weights": "each person gives each of their n kept keys floor(sqrt(W^2/n)), "
+            f"W = {weighted_selection.WEIGHT_SCALE} (L2 norm at most W)",
+            "tau_in_weight": plan.tau,
+            "selection_sigma": plan.selection_sigma,
+            "selection_share_of_rho": plan.selection_share,
+            "count_sigma": plan.count_sigma,
+            "count_l2_sensitivity": plan.count_l2_sensitivity,
+            "noise_delta": plan.noise_delta,
+            "threshold_delta": plan.threshold_delta,
+            "persons_needed_half_the_time": {
+                f"{m}_keys_each": round(plan.units_needed(m), 1)
+                for m in sorted({1, max(1, len(plan.weights) // 2), len(plan.weights)})
+            },
+        }
     if release.gaussian is not None:
         extras["noise"] = {
             "distribution": "discrete Gaussian",
@@ -462,6 +496,7 @@ _MECHANISMS = {
     "threshold": "threshold",
     "threshold_laplace": "threshold",
     "threshold_gaussian": "threshold_gaussian",
+    "weighted": "weighted",
     "alp": "combined",
     "combined": "combined",
 }
@@ -552,8 +587,16 @@ def _key_release(
     default = choose_default(epsilon, delta, bounds) if delta > 0 and mechanism is None else None
     if default is not None:
         chosen = default.mechanism
-    if chosen == "threshold_gaussian" and delta == 0:
-        raise UnsupportedQueryError("mechanism 'threshold_gaussian' needs delta > 0")
+    if chosen in ("threshold_gaussian", "weighted") and delta == 0:
+        raise UnsupportedQueryError(f"mechanism {mechanism!r} needs delta > 0")
+    weighted = None
+    if chosen == "weighted":
+        weighted = weighted_selection.plan(epsilon, delta, bounds)
+        if weighted is None:
+            raise UnsupportedQueryError(
+                f"no weighted selection meets delta={delta} at epsilon={epsilon} for these "
+                "bounds; use mechanism 'threshold'"
+            )
     gaussian = None
     if chosen == "threshold_gaussian":
         gaussian = gaussian_threshold.plan(epsilon, delta, bounds)
@@ -580,8 +623,8 @@ def _key_release(
             confidence,
         )
         threshold_epsilon = sketch.split * epsilon
-    if gaussian is not None:
-        tau = gaussian.tau
+    if gaussian is not None or weighted is not None:
+        tau = (gaussian or weighted).tau  # type: ignore[union-attr]
     elif delta > 0:
         tau = threshold.tau_for_delta(epsilon=threshold_epsilon, delta=delta, **limits)
     else:
@@ -596,14 +639,21 @@ def _key_release(
         hashed=rules.key_domain == "hash64",
         threshold_epsilon=threshold_epsilon,
         l1_sensitivity=threshold.Contribution(*limits.values()).l1,
-        scale=gaussian.scale
-        if gaussian is not None
+        scale=(gaussian or weighted).scale  # type: ignore[union-attr]
+        if gaussian is not None or weighted is not None
         else threshold.noise_scale_for(epsilon=threshold_epsilon, **limits),
         tau=tau,
         sketch=sketch,
         gaussian=gaussian,
+        weighted=weighted,
         default=default,
     )
+
+
+def unit_weights_of(plan: QueryPlan) -> tuple[int, ...] | None:
+    """The per-unit weights the generated SQL sums for a weighted selection, else None."""
+    release = plan.key_release
+    return None if release is None or release.weighted is None else release.weighted.weights
 
 
 def with_key_hash_seed(plan: QueryPlan, rng: Any) -> QueryPlan:

@@ -27,6 +27,7 @@ from dpsql.engine.planner import (
     AUTO_BOUND_EXPONENTS,
     QueryPlan,
     plan_query,
+    unit_weights_of,
     with_key_hash_seed,
 )
 from dpsql.engine.policy import Policy, load_policy, parse_policy
@@ -470,6 +471,7 @@ class Session:
             public_keys=plan.key_literals,
             salt=salt,
             dialect=self.backend.dialect,
+            weights=unit_weights_of(plan),
         )
         frame = self._read(generated)
         if plan.key_release is not None:
