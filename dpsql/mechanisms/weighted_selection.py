@@ -71,7 +71,7 @@ def unit_weights(max_keys: int) -> tuple[int, ...]:
     """``w_n = ⌊√(W²/n)⌋`` for ``n = 1..max_keys``: the largest integers with ``n·w_n² <= W²``.
 
     >>> unit_weights(4)
-    (256, 181, 147, 128)
+    (128, 90, 73, 64)
     """
     return tuple(math.isqrt(WEIGHT_SCALE**2 // n) for n in range(1, max_keys + 1))
 
@@ -166,8 +166,8 @@ def plan(
     """σ's and τ at (ε, δ) for ``bounds`` (module doc); None when no σ² <= 2**30 fits δ.
 
     >>> chosen = plan(1.0, 1e-6, Contribution(10, 1, 10))
-    >>> chosen.delta <= 1e-6, round(chosen.tau / 256, 1), round(chosen.count_sigma, 1)
-    (True, 28.1, 32.9)
+    >>> chosen.delta <= 1e-6, round(chosen.tau / WEIGHT_SCALE, 1), round(chosen.count_sigma, 1)
+    (True, 28.2, 33.4)
     """
     epsilon = float(positive_finite("epsilon", epsilon))
     delta = fraction_in_open_unit("delta", delta)
@@ -245,7 +245,7 @@ def release(
     counts; ``ThresholdRelease.tau`` is τ in weight units and ``scale`` the counts' σ.
 
     >>> rng = np.random.Generator(np.random.PCG64(5))
-    >>> out = release(["a", "b"], [900, 1], [900 * 256, 256], epsilon=1.0, delta=1e-6,
+    >>> out = release(["a", "b"], [900, 1], [900 * 128, 128], epsilon=1.0, delta=1e-6,
     ...               bounds=Contribution(1, 1), rng=rng)
     >>> out.keys.tolist(), out.mechanism
     (['a'], 'weighted')
