@@ -186,6 +186,7 @@ def key_answer(
     }
     seed = spec.key_hash_seed if spec.key_hash_seed is not None else new_seed(rng)
     if spec.mechanism == "weighted":
+        assert spec.weighted is not None
         released = weighted_selection.release(
             keys,
             counts,
@@ -193,6 +194,7 @@ def key_answer(
             epsilon=plan.epsilon,
             delta=spec.delta,
             bounds=_contribution(plan),
+            selection_share=spec.weighted.selection_share,
             confidence=plan.confidence,
             rng=rng,
         )

@@ -590,8 +590,19 @@ def _key_release(
     if chosen in ("threshold_gaussian", "weighted") and delta == 0:
         raise UnsupportedQueryError(f"mechanism {mechanism!r} needs delta > 0")
     weighted = None
+    share = shape.options.get("selection_share")
+    if share is not None and chosen != "weighted":
+        raise ParameterError(
+            f"selection_share applies to mechanism 'weighted', not {chosen!r}; name it with "
+            "mechanism='weighted'"
+        )
     if chosen == "weighted":
-        weighted = weighted_selection.plan(epsilon, delta, bounds)
+        weighted = weighted_selection.plan(
+            epsilon,
+            delta,
+            bounds,
+            weighted_selection.DEFAULT_SELECTION_SHARE if share is None else share,
+        )
         if weighted is None:
             raise UnsupportedQueryError(
                 f"no weighted selection meets delta={delta} at epsilon={epsilon} for these "
@@ -812,9 +823,7 @@ def plan_query(
         raise UnsupportedQueryError(
             "max_answers applies to a range JOIN with HAVING (the sparse vector technique)"
         )
-    release = _key_release(
-        shape, table, epsilon, delta, mechanism, policy.dataset.confidence
-    )
+    release = _key_release(shape, table, epsilon, delta, mechanism, policy.dataset.confidence)
     converted = keys
     for column in shape.group_by:
         keys = table.column(column).public_keys

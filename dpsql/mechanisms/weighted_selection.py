@@ -82,12 +82,11 @@ def selection_delta(tau: int, sigma_squared: Fraction, weights: tuple[int, ...])
     >>> selection_delta(3000, Fraction(250_000), unit_weights(10)) < 1e-6
     True
     """
-    worst = 0.0
-    for n, weight in enumerate(weights, start=1):
-        per_key = dg.tail_at_least(int(tau) - weight, sigma_squared)
-        if per_key >= 1.0:
-            return 1.0
-        worst = max(worst, -math.expm1(n * math.log1p(-per_key)))
+    per_key = dg.tails_at_least(int(tau) - np.array(weights, dtype=np.int64), sigma_squared)
+    if per_key.max() >= 1.0:
+        return 1.0
+    counts = np.arange(1, len(weights) + 1)
+    worst = float(np.max(-np.expm1(counts * np.log1p(-per_key))))
     return min(1.0, worst * _ROUND_UP)
 
 

@@ -172,3 +172,20 @@ def test_delta_zero_refuses_gaussian_mechanisms(tmp_path: Path) -> None:
                     delta=0,
                     mechanism=name,
                 )
+
+
+def test_the_selection_share_is_an_option_of_weighted_only(tmp_path: Path) -> None:
+    from dpsql.errors import ParameterError
+
+    database = make_database(tmp_path / "v.duckdb", {"visits": zipf_visits(500)}, POLICY)
+    sql = (
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, delta=1e-6, mechanism='{}', "
+        "selection_share=0.6) url, COUNT(*) FROM visits GROUP BY url"
+    )
+    with seeded_connect(database, analyst="a", rng=np.random.default_rng(2)) as db:
+        plan = db.explain(sql.format("weighted"))["plan"]["key_release"]
+        with pytest.raises(ParameterError, match="selection_share applies to mechanism"):
+            db.explain(sql.format("threshold"))
+    assert plan["selection"]["selection_share_of_rho"] == 0.6
+    default = weighted_selection.plan(1.0, 1e-6, threshold.Contribution(10, 1, 10))
+    assert plan["selection"]["count_sigma"] < default.count_sigma  # more of ρ to the counts

@@ -87,3 +87,10 @@ def test_bad_parameters_are_refused() -> None:
         dg.tail_at_least(1, Fraction(2**31))
     with pytest.raises(ParameterError, match="rho"):
         dg.zcdp_delta(0.0, 1.0)
+
+
+@pytest.mark.parametrize("sigma_squared", [Fraction(9, 4), Fraction(40_000)])
+def test_vectorised_tails_agree_with_the_scalar_ones(sigma_squared) -> None:
+    starts = np.array([1, 5, 30, 200, 900, 17])
+    scalar = np.array([dg.tail_at_least(int(n), sigma_squared) for n in starts])
+    np.testing.assert_allclose(dg.tails_at_least(starts, sigma_squared), scalar, rtol=1e-9)
