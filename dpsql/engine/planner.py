@@ -250,6 +250,7 @@ class QueryPlan:
                 ("threshold_epsilon", release.threshold_epsilon),
                 ("noise_scale", float(release.scale)),
                 ("tau", release.tau),
+                *_zcdp_params(release),
             )
             leaf = MechanismEvent(release.mechanism, self.epsilon, release.delta, m.label, params)
             return SequentialEvent((leaf,))
@@ -414,6 +415,20 @@ class QueryPlan:
                 for m in self.measurements
             ],
         }
+
+
+def _zcdp_params(release: KeyRelease) -> tuple[tuple[str, float], ...]:
+    """A Gaussian key release's zCDP curve for the ledger: the shared keys' ρ and the new keys'
+    release probability (``dpsql.accountant.zcdp``)."""
+    if release.gaussian is not None:
+        rho = release.gaussian.l2_sensitivity**2 / (2 * float(release.gaussian.sigma_squared))
+        return (("zcdp_rho", rho), ("zcdp_delta", release.gaussian.threshold_delta))
+    if release.weighted is not None:
+        plan = release.weighted
+        rho = weighted_selection.WEIGHT_SCALE**2 / (2 * float(plan.selection_sigma_squared))
+        rho += plan.count_l2_sensitivity**2 / (2 * float(plan.count_sigma_squared))
+        return (("zcdp_rho", rho), ("zcdp_delta", plan.threshold_delta))
+    return ()
 
 
 def _key_release_extras(release: KeyRelease, epsilon: float) -> dict[str, Any]:

@@ -97,10 +97,12 @@ def _dataset_name(database: str | Path, policy: Policy | None) -> str:
 
 def _limits(policy: Policy) -> Limits:
     advanced = policy.dataset.advanced_delta if policy.dataset.composition == "advanced" else None
+    zcdp = policy.dataset.advanced_delta if policy.dataset.composition == "zcdp" else None
     return Limits(
         Cost.cap(policy.dataset.epsilon, policy.dataset.delta),
         {name: Cost.cap(a.epsilon, a.delta) for name, a in policy.analysts.items()},
         advanced,
+        zcdp,
     )
 
 

@@ -189,3 +189,17 @@ def test_the_selection_share_is_an_option_of_weighted_only(tmp_path: Path) -> No
     assert plan["selection"]["selection_share_of_rho"] == 0.6
     default = weighted_selection.plan(1.0, 1e-6, threshold.Contribution(10, 1, 10))
     assert plan["selection"]["count_sigma"] < default.count_sigma  # more of ρ to the counts
+
+
+def test_zcdp_composition_admits_more_gaussian_queries_and_budget_names_it(tmp_path: Path) -> None:
+    policy = POLICY.replace("epsilon = 100.0", "epsilon = 10.0").replace(
+        "delta = 1e-4\n[analysts",
+        'delta = 1e-4\ncomposition = "zcdp"\nadvanced_delta = 1e-6\n[analysts',
+    )
+    database = make_database(tmp_path / "v.duckdb", {"visits": zipf_visits(300)}, policy)
+    sql = "SELECT url, COUNT(*) FROM visits GROUP BY url"
+    with seeded_connect(database, analyst="a", rng=np.random.default_rng(2)) as db:
+        for _ in range(25):  # 25 × (ε = 1, δ = 1e-6): basic composition would stop at 10
+            db.execute(sql, epsilon=1.0, delta=1e-6, mechanism="threshold_gaussian")
+        report = db.budget()
+    assert report.dataset.rule == "zcdp" and report.dataset.epsilon_spent < 10.0
