@@ -318,7 +318,11 @@ class QueryPlan:
                 )
             if self.key_release is not None:
                 text += (
-                    f"; only keys whose noisy count reaches tau = {self.key_release.tau} are shown"
+                    f"; only keys whose noisy weight reaches tau = {self.key_release.tau} (each "
+                    f"person adds at most {weighted_selection.WEIGHT_SCALE} in L2) are shown"
+                    if self.key_release.weighted is not None
+                    else f"; only keys whose noisy count reaches tau = {self.key_release.tau} are "
+                    "shown"
                 )
             if self.range_queries is not None:
                 text = f"rows in the range, {per_person}"
