@@ -89,7 +89,7 @@ class KeyRelease:
     def released_with_probability(self, probability: float) -> int:
         """The smallest true count released with at least ``probability``."""
         if self.weighted is not None:
-            return math.ceil(self.weighted.units_needed(1))
+            return self.weighted.persons_released_with_probability(probability)
         if self.gaussian is not None:
             return self.gaussian.count_released_with_probability(probability)
         return threshold.count_released_with_probability(self.tau, self.scale, probability)

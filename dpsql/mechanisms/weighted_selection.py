@@ -145,6 +145,16 @@ class WeightedPlan:
     def selection_sigma(self) -> float:
         return math.sqrt(float(self.selection_sigma_squared))
 
+    def persons_released_with_probability(self, probability: float) -> int:
+        """The fewest persons with one key each whose key is released with ``probability``."""
+        weight = self.weights[0]
+        persons = max(1, math.ceil(self.tau / weight) - 1)
+        while dg.tail_at_least(self.tau - persons * weight, self.selection_sigma_squared) < (
+            probability
+        ):
+            persons += 1
+        return persons
+
     def units_needed(self, keys_per_unit: int) -> float:
         """Units with ``keys_per_unit`` keys each that give a key weight τ (released half the
         time)."""
