@@ -203,3 +203,19 @@ def test_zcdp_composition_admits_more_gaussian_queries_and_budget_names_it(tmp_p
             db.execute(sql, epsilon=1.0, delta=1e-6, mechanism="threshold_gaussian")
         report = db.budget()
     assert report.dataset.rule == "zcdp" and report.dataset.epsilon_spent < 10.0
+
+
+@pytest.mark.parametrize("share", ["1.5", "0", "-0.2"])
+def test_a_bad_selection_share_is_refused_before_any_charge(tmp_path: Path, share: str) -> None:
+    from dpsql.engine.session import database_ledger
+    from dpsql.errors import ParameterError
+
+    database = make_database(tmp_path / "v.duckdb", {"visits": zipf_visits(300)}, POLICY)
+    sql = (
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, delta=1e-6, mechanism='weighted', "
+        f"selection_share={share}) url, COUNT(*) FROM visits GROUP BY url"
+    )
+    with seeded_connect(database, analyst="a", rng=np.random.default_rng(2)) as db:
+        with pytest.raises(ParameterError, match="selection_share"):
+            db.execute(sql)
+    assert [e["kind"] for e in database_ledger(database)] == ["policy"]
