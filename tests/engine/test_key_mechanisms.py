@@ -215,7 +215,9 @@ def test_a_bad_selection_share_is_refused_before_any_charge(tmp_path: Path, shar
         "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, delta=1e-6, mechanism='weighted', "
         f"selection_share={share}) url, COUNT(*) FROM visits GROUP BY url"
     )
-    with seeded_connect(database, analyst="a", rng=np.random.default_rng(2)) as db:
-        with pytest.raises(ParameterError, match="selection_share"):
-            db.execute(sql)
+    with (
+        seeded_connect(database, analyst="a", rng=np.random.default_rng(2)) as db,
+        pytest.raises(ParameterError, match="selection_share"),
+    ):
+        db.execute(sql)
     assert [e["kind"] for e in database_ledger(database)] == ["policy"]
