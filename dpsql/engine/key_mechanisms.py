@@ -11,9 +11,12 @@ comparison is the number of persons a key needs to be released half the time:
 - weighted: ``τ_w / w_m`` persons who each have ``m`` keys, with the public reference ``m =
   ⌈K/2⌉`` (``K = min(L0, R)`` keys allowed per person: persons use half their allowance).
 
-The smallest wins (ties: Laplace, then Gaussian). Everything is computed from ε, δ and the policy
-alone, never from the data, and costs no privacy; ``EXPLAIN`` shows all three numbers. With δ = 0
-(a declared ``key_domain``) only pure-DP mechanisms qualify: the combined threshold + ALP synopsis.
+The smallest wins (ties: Laplace, then Gaussian), except that weighted selection must need at
+least :data:`WEIGHTED_MARGIN` fewer persons than the better threshold: its counts are a second,
+noisier release, so a marginal gain in keys is not worth them. Everything is computed from ε, δ
+and the policy alone, never from the data, and costs no privacy; ``EXPLAIN`` shows all three
+numbers. With δ = 0 (a declared ``key_domain``) only pure-DP mechanisms qualify: the combined
+threshold + ALP synopsis.
 """
 
 from __future__ import annotations
@@ -23,7 +26,10 @@ from dataclasses import dataclass
 
 from dpsql.mechanisms import gaussian_threshold, threshold, weighted_selection
 
-__all__ = ["DefaultChoice", "choose_default"]
+__all__ = ["WEIGHTED_MARGIN", "DefaultChoice", "choose_default"]
+
+WEIGHTED_MARGIN = 0.1
+"""Weighted selection is the default only if it needs at least this share fewer persons."""
 
 
 @dataclass(frozen=True)
@@ -40,7 +46,8 @@ class DefaultChoice:
         return (
             f"default: {self.mechanism}, the fewest persons a key needs to be released at least "
             f"half the time at equal (epsilon, delta) and bounds ({listed}; weighted assumes "
-            f"persons with {self.reference_keys} keys each)"
+            f"persons with {self.reference_keys} keys each and must need "
+            f"{WEIGHTED_MARGIN:.0%} fewer, its counts being noisier)"
         )
 
 
@@ -71,5 +78,8 @@ def choose_default(epsilon: float, delta: float, bounds: threshold.Contribution)
         weighted = weighted_selection.plan(epsilon, delta, bounds)
         if weighted is not None:
             needed["weighted"] = weighted.units_needed(reference)
-    chosen = min(needed, key=lambda name: (needed[name], list(needed).index(name)))
+    thresholds = {name: value for name, value in needed.items() if name != "weighted"}
+    chosen = min(thresholds, key=lambda name: (thresholds[name], list(needed).index(name)))
+    if needed.get("weighted", math.inf) <= (1 - WEIGHTED_MARGIN) * needed[chosen]:
+        chosen = "weighted"
     return DefaultChoice(chosen, needed, reference)
