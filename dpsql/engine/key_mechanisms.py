@@ -7,9 +7,11 @@ With δ > 0 the candidates, at the same (ε, δ) and contribution bounds, are th
 releases a key with probability at least 1/2 once its statistic reaches τ (symmetric noise), so the
 comparison is the number of persons a key needs to be released half the time:
 
-- thresholds: ``τ`` persons (count units, L∞ = 1 per person and key);
-- weighted: ``τ_w / w_m`` persons who each have ``m`` keys, with the public reference ``m =
-  ⌈K/2⌉`` (``K = min(L0, R)`` keys allowed per person: persons use half their allowance).
+- thresholds: ``τ / r`` persons who each add ``r`` rows to the key;
+- weighted: ``τ_w / w_m`` persons who each have ``m`` keys;
+
+with the public reference ``m = ⌈K/2⌉``, ``r = ⌈L∞'/2⌉`` (``K = min(L0, R)`` keys and ``L∞' =
+min(L∞, R)`` rows per key allowed per person: persons use half their allowance).
 
 The smallest wins (ties: Laplace, then Gaussian), except that weighted selection must need at
 least :data:`WEIGHTED_MARGIN` fewer persons than the better threshold: its counts are a second,
@@ -40,13 +42,15 @@ class DefaultChoice:
     needed: dict[str, float]
     """Persons a key needs to be released half the time, per candidate mechanism."""
     reference_keys: int
+    reference_rows: int = 1
 
     def why(self) -> str:
         listed = ", ".join(f"{name} {value:.4g}" for name, value in self.needed.items())
         return (
             f"default: {self.mechanism}, the fewest persons a key needs to be released at least "
             f"half the time at equal (epsilon, delta) and bounds ({listed}; weighted assumes "
-            f"persons with {self.reference_keys} keys each and must need "
+            f"persons with {self.reference_keys} keys each, thresholds persons adding "
+            f"{self.reference_rows} rows, and weighted must need "
             f"{WEIGHTED_MARGIN:.0%} fewer, its counts being noisier)"
         )
 
@@ -59,8 +63,9 @@ def choose_default(epsilon: float, delta: float, bounds: threshold.Contribution)
     >>> choose_default(1.0, 1e-6, threshold.Contribution(1, 1)).mechanism
     'threshold'
     """
+    rows = math.ceil(bounds.per_key / 2)
     needed: dict[str, float] = {
-        "threshold": float(
+        "threshold": (
             threshold.tau_for_delta(
                 epsilon=epsilon,
                 delta=delta,
@@ -68,11 +73,12 @@ def choose_default(epsilon: float, delta: float, bounds: threshold.Contribution)
                 max_rows_per_group=bounds.max_rows_per_group,
                 max_rows_per_unit=bounds.max_rows_per_unit,
             )
+            / rows
         )
     }
     gaussian = gaussian_threshold.plan(epsilon, delta, bounds)
     if gaussian is not None:
-        needed["threshold_gaussian"] = float(gaussian.tau)
+        needed["threshold_gaussian"] = gaussian.tau / rows
     reference = math.ceil(bounds.new_keys / 2)
     if bounds.new_keys > 1:
         weighted = weighted_selection.plan(epsilon, delta, bounds)
@@ -82,4 +88,4 @@ def choose_default(epsilon: float, delta: float, bounds: threshold.Contribution)
     chosen = min(thresholds, key=lambda name: (thresholds[name], list(needed).index(name)))
     if needed.get("weighted", math.inf) <= (1 - WEIGHTED_MARGIN) * needed[chosen]:
         chosen = "weighted"
-    return DefaultChoice(chosen, needed, reference)
+    return DefaultChoice(chosen, needed, reference, rows)
