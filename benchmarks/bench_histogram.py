@@ -51,7 +51,7 @@ import dpsql
 from dpsql.engine.backends import DUCKDB_CONFIG
 from dpsql.engine.session import ledger_path
 from dpsql.engine.synopses import SynopsisStore
-from dpsql.mechanisms import combined, threshold
+from dpsql.mechanisms import combined, gaussian_threshold, threshold, weighted_selection
 from dpsql.mechanisms.combined import CombinedRelease
 from dpsql.mechanisms.laplace import noise_scale
 from dpsql.mechanisms.random import _seeded_for_tests
@@ -144,7 +144,8 @@ class Instrumented:
 
     @contextlib.contextmanager
     def patched(self) -> Iterator[None]:
-        targets = [(threshold, "release", "mech"), (combined, "release", "mech")]
+        modules = (threshold, combined, gaussian_threshold, weighted_selection)
+        targets: list[tuple[Any, str, str]] = [(module, "release", "mech") for module in modules]
         targets.append((SynopsisStore, "save", "store"))
         saved = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
         depth = [0]
@@ -246,7 +247,8 @@ def bench_speed(rows: int, repeats: int, key: str, diagnose: bool, directory: Pa
     plain = f"SELECT {key}, COUNT(*) FROM requests GROUP BY {key}"
     private = f"SELECT {key}, COUNT(*) FROM requests GROUP BY {key}"
     modes: dict[str, dict[str, Any]] = {
-        "threshold": {"epsilon": EPSILON, "delta": DELTA},
+        "threshold": {"epsilon": EPSILON, "delta": DELTA, "mechanism": "threshold"},
+        "default": {"epsilon": EPSILON, "delta": DELTA},
         "alp": {"epsilon": EPSILON, "delta": DELTA, "mechanism": "alp"},
     }
     with dpsql.connect(path, analyst="bench") as session:
@@ -410,7 +412,7 @@ def utility_engine(directory: Path, visits: pd.DataFrame, trials: int) -> pd.Ser
     )
     sql = "SELECT url, COUNT(*) AS n FROM visits GROUP BY url"
     every = truth.reindex(URLS).fillna(0).to_numpy()
-    for mode, options in (("threshold", {}), ("alp", {"mechanism": "alp"})):
+    for mode, options in (("threshold", {"mechanism": "threshold"}), ("alp", {"mechanism": "alp"})):
         counts, errors, biases, lookups = [], [], [], []
         for trial in range(trials):
             rng = np.random.default_rng(100 + trial)

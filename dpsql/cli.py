@@ -34,10 +34,13 @@ from dpsql.errors import DpsqlError, LedgerError
 
 _mechanism = click.option(
     "--mechanism",
-    type=click.Choice(["laplace", "threshold", "alp"]),
+    type=click.Choice(
+        ["laplace", "threshold", "threshold_laplace", "threshold_gaussian", "weighted", "alp"]
+    ),
     default=None,
-    help="How keys of a GROUP BY column without public keys are released (alp: threshold + "
-    "ALP synopsis); laplace forces fresh noise instead of a stored synopsis.",
+    help="How keys of a GROUP BY column without public keys are released (default: the one "
+    "releasing the most keys; alp: threshold + ALP synopsis); laplace forces fresh noise instead "
+    "of a stored synopsis.",
 )
 _max_answers = click.option(
     "--max-answers",

@@ -40,21 +40,26 @@ class Spend:
 
     basic: Cost
     advanced: Cost | None
+    zcdp: Cost | None = None
+    """Under approximate zCDP (``dpsql.accountant.zcdp``), when enabled and every leaf has a
+    curve."""
+
+    def _bounds(self) -> list[tuple[str, Cost]]:
+        found = [("basic", self.basic)]
+        found += [("advanced", self.advanced)] if self.advanced is not None else []
+        found += [("zcdp", self.zcdp)] if self.zcdp is not None else []
+        return found
 
     @property
     def best(self) -> Cost:
-        if self.advanced is not None and self.advanced.epsilon_units < self.basic.epsilon_units:
-            return self.advanced
-        return self.basic
+        return min(self._bounds(), key=lambda item: item[1].epsilon_units)[1]
 
     @property
     def rule(self) -> str:
-        return "advanced" if self.best is not self.basic else "basic"
+        return min(self._bounds(), key=lambda item: item[1].epsilon_units)[0]
 
     def fits_within(self, cap: Cost) -> bool:
-        return self.basic.fits_within(cap) or (
-            self.advanced is not None and self.advanced.fits_within(cap)
-        )
+        return any(bound.fits_within(cap) for _, bound in self._bounds())
 
 
 def leaves(event: Event) -> tuple[tuple[float, float], ...]:

@@ -27,6 +27,7 @@ from dpsql.accountant.events import Event, event_from_dict, event_to_dict, total
 from dpsql.accountant.limits import Limits
 from dpsql.accountant.partitions import Totals
 from dpsql.accountant.units import Cost
+from dpsql.accountant.zcdp import curves, zcdp_total
 from dpsql.errors import BudgetExceededError, LedgerError, PolicyError
 
 __all__ = ["BudgetLine", "Ledger", "LedgerEntry", "current_actor"]
@@ -147,7 +148,7 @@ class LedgerEntry:
 class BudgetLine:
     """Cap, spent and remaining for the dataset, one analyst, or the people of one partition.
 
-    ``rule`` says which composition bound gave ``spent``: "basic" or "advanced".
+    ``rule`` says which composition bound gave ``spent``: "basic", "advanced" or "zcdp".
     """
 
     scope: str
@@ -319,11 +320,13 @@ class Ledger:
         charges = self._charges(connection, analyst)
         totals = self._totals.setdefault(analyst, Totals())
         basic = totals.total() if extra is None else totals.total_with(extra)
-        advanced = None
+        advanced = zcdp = None
+        steps = [*charges, extra] if extra is not None else charges
         if limits.advanced_delta is not None:
-            steps = [*charges, extra] if extra is not None else charges
             advanced = advanced_total(steps, limits.advanced_delta)
-        return Spend(basic, advanced)
+        if limits.zcdp_delta is not None:
+            zcdp = zcdp_total([c.curves for c in steps], limits.zcdp_delta)
+        return Spend(basic, advanced, zcdp)
 
     def policy(self) -> dict[str, Any] | None:
         """The policy document in force (as given to ``set_policy``), or None before one is set."""
@@ -521,7 +524,7 @@ def _charge(analyst: str | None, cost: Cost, event: Event, partition: str | None
         stored = json.loads(partition)
         if "values" in stored:
             family, values = stored["family"], tuple(str(v) for v in stored["values"])
-    return Charge(analyst, cost, leaves(event), family, values)
+    return Charge(analyst, cost, leaves(event), family, values, curves(event))
 
 
 def _charge_cost(entry: LedgerEntry) -> Cost:

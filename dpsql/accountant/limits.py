@@ -18,15 +18,20 @@ class Limits:
     analysts: dict[str, Cost] = field(default_factory=dict)
     advanced_delta: float | None = None
     """δ′ of advanced composition when the policy enables it (see ``composition``)."""
+    zcdp_delta: float | None = None
+    """δ′ of the zCDP-to-(ε, δ) conversion when the policy enables zCDP (see ``zcdp``)."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        document = {
             "advanced_delta": self.advanced_delta,
             "dataset": [self.dataset.epsilon_units, self.dataset.delta_units],
             "analysts": {
                 name: [c.epsilon_units, c.delta_units] for name, c in sorted(self.analysts.items())
             },
         }
+        if self.zcdp_delta is not None:  # older documents stay byte for byte the same
+            document["zcdp_delta"] = self.zcdp_delta
+        return document
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Limits:
@@ -34,4 +39,5 @@ class Limits:
             Cost(*data["dataset"]),
             {name: Cost(*units) for name, units in data["analysts"].items()},
             data.get("advanced_delta"),
+            data.get("zcdp_delta"),
         )

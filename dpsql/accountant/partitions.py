@@ -39,6 +39,8 @@ class Charge:
     leaves: tuple[tuple[float, float], ...]
     family: str | None = None
     values: tuple[str, ...] | None = None
+    curves: tuple[tuple[float, float], ...] | None = None
+    """Its leaves' zCDP curves ``(ρ, δ)`` (``dpsql.accountant.zcdp``), None when unknown."""
 
     @property
     def partitioned(self) -> bool:

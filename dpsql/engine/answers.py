@@ -17,7 +17,14 @@ import pandas as pd
 from dpsql.accountant.ledger import LedgerEntry
 from dpsql.engine.planner import MECHANISM, QueryPlan, literal_text
 from dpsql.engine.results import QueryResult
-from dpsql.mechanisms import combined, svt, threshold
+from dpsql.mechanisms import (
+    combined,
+    gaussian_threshold,
+    sketch_split,
+    svt,
+    threshold,
+    weighted_selection,
+)
 from dpsql.mechanisms.combined import CombinedRelease
 from dpsql.mechanisms.hashing import hash_keys, new_seed
 from dpsql.mechanisms.laplace import interval_half_width, release_counts, release_grid_sums
@@ -26,7 +33,7 @@ from dpsql.sql.shape import AggregateKind, ColumnKind, GroupKey
 
 __all__ = ["ALP_ROWS_PER_KEY", "key_answer", "laplace_answer", "plain", "range_answer"]
 
-ALP_ROWS_PER_KEY = 10
+ALP_ROWS_PER_KEY = sketch_split.ROWS_PER_KEY
 """Sketch rows per expected key: collision probability about 0.1 (the paper's Fig. 3 setting)."""
 
 
@@ -179,20 +186,47 @@ def key_answer(
         "confidence": plan.confidence,
         "rng": rng,
     }
-    if spec.mechanism == "threshold":
-        released = threshold.release(keys, counts, **common)
+    seed = spec.key_hash_seed if spec.key_hash_seed is not None else new_seed(rng)
+    if spec.mechanism == "weighted":
+        assert spec.weighted is not None
+        released = weighted_selection.release(
+            keys,
+            counts,
+            frame["weight"].to_numpy(dtype=np.int64),
+            epsilon=plan.epsilon,
+            delta=spec.delta,
+            bounds=_contribution(plan),
+            selection_share=spec.weighted.selection_share,
+            confidence=plan.confidence,
+            rng=rng,
+        )
+    elif spec.mechanism == "threshold_gaussian":
+        released = gaussian_threshold.release(
+            keys,
+            counts,
+            epsilon=plan.epsilon,
+            delta=spec.delta,
+            bounds=_contribution(plan),
+            confidence=plan.confidence,
+            rng=rng,
+        )
+    elif spec.mechanism == "threshold":
+        released = threshold.release(keys, counts, seed=seed, **common)
     else:
+        assert spec.sketch is not None
         structure = combined.release(
             keys,
             counts,
             s=ALP_ROWS_PER_KEY * spec.expected_keys,
-            seed=int(rng.integers(0, 2**63)),
+            seed=seed,
+            split=spec.sketch.split,
+            alpha=spec.sketch.alpha,
             **common,
         )
         released = structure.threshold
     # What was charged and shown in EXPLAIN is what was used (else the one after-charge failure).
     assert (released.scale, released.tau) == (spec.scale, spec.tau)
-    shown, seed = _shown_keys(released, hashed=spec.hashed, rng=rng)
+    shown, seed = _shown_keys(released, hashed=spec.hashed, seed=seed)
     lower, upper = released.lower, released.upper
     names = list(plan.shape.column_names)
     by_output = {plan.shape.outputs[0].name: shown, plan.shape.outputs[1].name: released.values}
@@ -218,14 +252,22 @@ def key_answer(
     return result, structure
 
 
+def _contribution(plan: QueryPlan) -> threshold.Contribution:
+    bounds = plan.bounds
+    return threshold.Contribution(
+        bounds.max_groups_per_unit, bounds.max_rows_per_group, bounds.max_rows_per_unit
+    )
+
+
 def _shown_keys(
-    released: threshold.ThresholdRelease, *, hashed: bool, rng: np.random.Generator
+    released: threshold.ThresholdRelease, *, hashed: bool, seed: int
 ) -> tuple[list[Any], int | None]:
     """The released keys as shown, and the public seed of their hashes when shown as hashes.
 
     A pure release over the hash domain holds hashes already; with ``key_domain = "hash64"`` an
-    approximate release (keys present in the data) is hashed under a fresh seed before it is
-    shown, a post-processing step: the analyst can check a key they know
+    approximate release (keys present in the data) is hashed under the plan's public ``seed``
+    (drawn before the charge and recorded in the ledger) before it is shown, a post-processing
+    step: the analyst can check a key they know
     (``dpsql.mechanisms.hashing.hash_keys([key], seed)``) but reads no key they did not.
     """
     if released.key_kind == "hash":
@@ -233,7 +275,6 @@ def _shown_keys(
         return [f"0x{int(k):016x}" for k in released.keys], released.seed
     if not hashed:
         return [plain(k) for k in released.keys], None
-    seed = new_seed(rng)
     return [f"0x{int(k):016x}" for k in hash_keys(released.keys, seed)], seed
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 from typing import Any
 
@@ -16,9 +16,16 @@ from sqlglot import exp
 
 from dpsql.accountant.events import MechanismEvent, SequentialEvent
 from dpsql.accountant.units import Cost
+from dpsql.engine.key_mechanisms import DefaultChoice, choose_default
 from dpsql.engine.policy import Policy, PublicKey, TablePolicy
 from dpsql.errors import ParameterError, PolicyError, SchemaError, UnsupportedQueryError
-from dpsql.mechanisms import combined, svt, threshold
+from dpsql.mechanisms import (
+    gaussian_threshold,
+    sketch_split,
+    svt,
+    threshold,
+    weighted_selection,
+)
 from dpsql.mechanisms.laplace import MAX_GRID, choose_grid, noise_scale
 from dpsql.sql.expressions import with_virtual_bounds
 from dpsql.sql.generate import Bounds, Measure, MeasureKind
@@ -69,9 +76,23 @@ class KeyRelease:
     """``min(max_groups_per_unit · max_rows_per_group, max_rows_per_unit)``, as everywhere."""
     scale: Fraction = Fraction(1)
     tau: int = 1
+    sketch: sketch_split.SketchChoice | None = None
+    """The combined structure's split of ε and ALP α (``dpsql.mechanisms.sketch_split``)."""
+    key_hash_seed: int | None = None
+    """Public seed of released key hashes, drawn before the charge and recorded in the ledger."""
+    gaussian: gaussian_threshold.GaussianThreshold | None = None
+    """σ², τ and the two parts of δ of a Gaussian threshold (``scale`` is σ)."""
+    weighted: weighted_selection.WeightedPlan | None = None
+    """Weighted selection's noises and τ (in weight units); ``scale`` is the counts' σ."""
+    default: DefaultChoice | None = None
+    """Why this mechanism, when the query named none (``dpsql.engine.key_mechanisms``)."""
 
     def released_with_probability(self, probability: float) -> int:
         """The smallest true count released with at least ``probability``."""
+        if self.weighted is not None:
+            return self.weighted.persons_released_with_probability(probability)
+        if self.gaussian is not None:
+            return self.gaussian.count_released_with_probability(probability)
         return threshold.count_released_with_probability(self.tau, self.scale, probability)
 
 
@@ -147,6 +168,25 @@ class QueryPlan:
                 "sensitivity max_rows_per_unit x the largest number of overlapping ranges"
             )
         if self.key_release is not None:
+            if self.key_release.mechanism == "weighted":
+                return (
+                    "GROUP BY over a column without public keys and delta > 0: weighted "
+                    "selection (each person spreads a bounded L2 weight over their keys, "
+                    "discrete Gaussian noise, Gopi et al. 2020), then discrete Gaussian counts of "
+                    "the selected keys; nothing about the others"
+                )
+            if self.key_release.mechanism == "threshold_gaussian":
+                return (
+                    "GROUP BY over a column without public keys and delta > 0: thresholding with "
+                    "discrete Gaussian noise (L2 sensitivity sqrt(L0)*Linf) releases only keys "
+                    "whose noisy count reaches tau; nothing about the others"
+                )
+            if self.key_release.mechanism == "threshold" and self.key_release.delta == 0:
+                return (
+                    "GROUP BY over a column without public keys with delta = 0: thresholding over "
+                    "the declared key domain (pure DP) releases keys whose noisy count reaches "
+                    "tau, as hashes under the public key_hash_seed for a hash64 domain"
+                )
             if self.key_release.mechanism == "threshold":
                 return (
                     "GROUP BY over a column without public keys and delta > 0: thresholding "
@@ -211,6 +251,7 @@ class QueryPlan:
                 ("threshold_epsilon", release.threshold_epsilon),
                 ("noise_scale", float(release.scale)),
                 ("tau", release.tau),
+                *_zcdp_params(release),
             )
             leaf = MechanismEvent(release.mechanism, self.epsilon, release.delta, m.label, params)
             return SequentialEvent((leaf,))
@@ -282,7 +323,11 @@ class QueryPlan:
                 )
             if self.key_release is not None:
                 text += (
-                    f"; only keys whose noisy count reaches tau = {self.key_release.tau} are shown"
+                    f"; only keys whose noisy weight reaches tau = {self.key_release.tau} (each "
+                    f"person adds at most {weighted_selection.WEIGHT_SCALE} in L2) are shown"
+                    if self.key_release.weighted is not None
+                    else f"; only keys whose noisy count reaches tau = {self.key_release.tau} are "
+                    "shown"
                 )
             if self.range_queries is not None:
                 text = f"rows in the range, {per_person}"
@@ -343,6 +388,7 @@ class QueryPlan:
                     "threshold_epsilon": self.key_release.threshold_epsilon,
                     "noise_scale": float(self.key_release.scale),
                     "tau": self.key_release.tau,
+                    **_key_release_extras(self.key_release, self.epsilon),
                     "smallest_count_released_half_the_time": self.key_release.tau,
                     f"smallest_count_released_with_probability_{self.confidence:g}": (
                         self.key_release.released_with_probability(self.confidence)
@@ -356,7 +402,11 @@ class QueryPlan:
             "measurements": [
                 {
                     "label": m.label,
-                    "epsilon": m.epsilon,
+                    "epsilon": (
+                        m.epsilon
+                        if self.key_release is None
+                        else self.key_release.threshold_epsilon
+                    ),
                     "l1_sensitivity": (
                         "set by the automatic bound"
                         if self.auto_bounds is not None
@@ -374,6 +424,66 @@ class QueryPlan:
                 for m in self.measurements
             ],
         }
+
+
+def _zcdp_params(release: KeyRelease) -> tuple[tuple[str, float], ...]:
+    """A Gaussian key release's zCDP curve for the ledger: the shared keys' ρ and the new keys'
+    release probability (``dpsql.accountant.zcdp``)."""
+    if release.gaussian is not None:
+        rho = release.gaussian.l2_sensitivity**2 / (2 * float(release.gaussian.sigma_squared))
+        return (("zcdp_rho", rho), ("zcdp_delta", release.gaussian.threshold_delta))
+    if release.weighted is not None:
+        plan = release.weighted
+        rho = weighted_selection.WEIGHT_SCALE**2 / (2 * float(plan.selection_sigma_squared))
+        rho += plan.count_l2_sensitivity**2 / (2 * float(plan.count_sigma_squared))
+        return (("zcdp_rho", rho), ("zcdp_delta", plan.threshold_delta))
+    return ()
+
+
+def _key_release_extras(release: KeyRelease, epsilon: float) -> dict[str, Any]:
+    """The combined structure's split and sketch verdict, and the keys' public hash seed."""
+    extras: dict[str, Any] = {}
+    if release.default is not None:
+        extras["default_choice"] = release.default.why()
+    if release.weighted is not None:
+        plan = release.weighted
+        extras["selection"] = {
+            "weights": "each person gives each of their n kept keys floor(sqrt(W^2/n)), "
+            f"W = {weighted_selection.WEIGHT_SCALE} (L2 norm at most W)",
+            "tau_in_weight": plan.tau,
+            "selection_sigma": plan.selection_sigma,
+            "selection_share_of_rho": plan.selection_share,
+            "count_sigma": plan.count_sigma,
+            "count_l2_sensitivity": plan.count_l2_sensitivity,
+            "noise_delta": plan.noise_delta,
+            "threshold_delta": plan.threshold_delta,
+            "persons_needed_half_the_time": {
+                f"{m}_keys_each": round(plan.units_needed(m), 1)
+                for m in sorted({1, max(1, len(plan.weights) // 2), len(plan.weights)})
+            },
+        }
+    if release.gaussian is not None:
+        extras["noise"] = {
+            "distribution": "discrete Gaussian",
+            "sigma": release.gaussian.sigma,
+            "sigma_squared": str(release.gaussian.sigma_squared),
+            "l2_sensitivity": release.gaussian.l2_sensitivity,
+            "noise_delta": release.gaussian.noise_delta,
+            "threshold_delta": release.gaussian.threshold_delta,
+        }
+    if release.sketch is not None:
+        extras["sketch"] = {
+            "threshold_share": release.sketch.split,
+            "sketch_epsilon": epsilon - release.threshold_epsilon,
+            "alpha": float(release.sketch.alpha),
+            "sketch_expected_error_bound": release.sketch.sketch_error_bound,
+            "unreleased_count_at_most": release.sketch.unreleased_ceiling,
+            "sketch_beats_zero": release.sketch.sketch_helps,
+            "note": release.sketch.note(),
+        }
+    if release.key_hash_seed is not None:
+        extras["key_hash_seed"] = release.key_hash_seed
+    return extras
 
 
 def key_literal(value: PublicKey, kind: ColumnKind, column: str) -> tuple[Any, exp.Expression]:
@@ -405,7 +515,15 @@ def literal_text(literal: exp.Expression) -> str:
     return str(literal.this)
 
 
-_MECHANISMS = {"laplace": None, "threshold": "threshold", "alp": "combined", "combined": "combined"}
+_MECHANISMS = {
+    "laplace": None,
+    "threshold": "threshold",
+    "threshold_laplace": "threshold",
+    "threshold_gaussian": "threshold_gaussian",
+    "weighted": "weighted",
+    "alp": "combined",
+    "combined": "combined",
+}
 
 
 def _bounds(table: TablePolicy) -> Bounds:
@@ -433,7 +551,12 @@ def _mechanism_option(shape: QueryShape, given: str | None) -> str | None:
 
 
 def _key_release(
-    shape: QueryShape, table: TablePolicy, epsilon: float, delta: float, mechanism: str | None
+    shape: QueryShape,
+    table: TablePolicy,
+    epsilon: float,
+    delta: float,
+    mechanism: str | None,
+    confidence: float = 0.95,
 ) -> KeyRelease | None:
     """The key-release plan for a GROUP BY over a column without public keys, or None."""
     private = [c for c in shape.group_by if table.column(c).public_keys is None]
@@ -482,14 +605,62 @@ def _key_release(
             f"declared key_domain in [tables.{shape.table}.columns.{column}] for pure DP"
         )
     chosen = _MECHANISMS.get(mechanism or "") or ("threshold" if delta > 0 else "combined")
+    bounds = threshold.Contribution(
+        table.max_groups_per_unit, table.max_rows_per_group, table.max_rows_per_unit
+    )
+    default = choose_default(epsilon, delta, bounds) if delta > 0 and mechanism is None else None
+    if default is not None:
+        chosen = default.mechanism
+    if chosen in ("threshold_gaussian", "weighted") and delta == 0:
+        raise UnsupportedQueryError(f"mechanism {mechanism!r} needs delta > 0")
+    weighted = None
+    share = shape.options.get("selection_share")
+    if share is not None and chosen != "weighted":
+        raise ParameterError(
+            f"selection_share applies to mechanism 'weighted', not {chosen!r}; name it with "
+            "mechanism='weighted'"
+        )
+    if chosen == "weighted":
+        weighted = weighted_selection.plan(
+            epsilon,
+            delta,
+            bounds,
+            weighted_selection.DEFAULT_SELECTION_SHARE if share is None else share,
+        )
+        if weighted is None:
+            raise UnsupportedQueryError(
+                f"no weighted selection meets delta={delta} at epsilon={epsilon} for these "
+                "bounds; use mechanism 'threshold'"
+            )
+    gaussian = None
+    if chosen == "threshold_gaussian":
+        gaussian = gaussian_threshold.plan(epsilon, delta, bounds)
+        if gaussian is None:
+            raise UnsupportedQueryError(
+                f"no discrete Gaussian with sigma <= 32768 meets delta={delta} at "
+                f"epsilon={epsilon} for these bounds; use mechanism 'threshold'"
+            )
     # The same rule as every other GROUP BY, and exactly what the mechanism will compute.
     limits = {
         "max_groups_per_unit": table.max_groups_per_unit,
         "max_rows_per_group": table.max_rows_per_group,
         "max_rows_per_unit": table.max_rows_per_unit,
     }
-    threshold_epsilon = epsilon if chosen == "threshold" else combined.DEFAULT_SPLIT * epsilon
-    if delta > 0:
+    sketch = None
+    threshold_epsilon = epsilon
+    if chosen == "combined":
+        sketch = sketch_split.choose(
+            epsilon,
+            delta,
+            threshold.Contribution(*limits.values()),
+            domain if delta == 0 else None,
+            1 / sketch_split.ROWS_PER_KEY,
+            confidence,
+        )
+        threshold_epsilon = sketch.split * epsilon
+    if gaussian is not None or weighted is not None:
+        tau = (gaussian or weighted).tau  # type: ignore[union-attr]
+    elif delta > 0:
         tau = threshold.tau_for_delta(epsilon=threshold_epsilon, delta=delta, **limits)
     else:
         assert domain is not None
@@ -503,9 +674,33 @@ def _key_release(
         hashed=rules.key_domain == "hash64",
         threshold_epsilon=threshold_epsilon,
         l1_sensitivity=threshold.Contribution(*limits.values()).l1,
-        scale=threshold.noise_scale_for(epsilon=threshold_epsilon, **limits),
+        scale=(gaussian or weighted).scale  # type: ignore[union-attr]
+        if gaussian is not None or weighted is not None
+        else threshold.noise_scale_for(epsilon=threshold_epsilon, **limits),
         tau=tau,
+        sketch=sketch,
+        gaussian=gaussian,
+        weighted=weighted,
+        default=default,
     )
+
+
+def unit_weights_of(plan: QueryPlan) -> tuple[int, ...] | None:
+    """The per-unit weights the generated SQL sums for a weighted selection, else None."""
+    release = plan.key_release
+    return None if release is None or release.weighted is None else release.weighted.weights
+
+
+def with_key_hash_seed(plan: QueryPlan, rng: Any) -> QueryPlan:
+    """``plan`` with the public seed its released key hashes will use, drawn from ``rng`` before
+    the charge (data-independent), so the ledger entry, the result and any synopsis name it."""
+    release = plan.key_release
+    if release is None:
+        return plan
+    if not (release.hashed or release.sketch or isinstance(release.domain, threshold.HashDomain)):
+        return plan
+    seed = int(rng.integers(0, 2**64, dtype="uint64"))
+    return replace(plan, key_release=replace(release, key_hash_seed=seed))
 
 
 _KEY_INTEGER_TYPES = frozenset(
@@ -653,7 +848,7 @@ def plan_query(
         raise UnsupportedQueryError(
             "max_answers applies to a range JOIN with HAVING (the sparse vector technique)"
         )
-    release = _key_release(shape, table, epsilon, delta, mechanism)
+    release = _key_release(shape, table, epsilon, delta, mechanism, policy.dataset.confidence)
     converted = keys
     for column in shape.group_by:
         keys = table.column(column).public_keys

@@ -91,12 +91,15 @@ class DatasetPolicy(_Frozen):
         lt=1,
         description="share of a query's epsilon spent choosing automatic bounds",
     )
-    composition: Literal["basic", "advanced"] = Field(
+    composition: Literal["basic", "advanced", "zcdp"] = Field(
         default="basic",
-        description="'advanced' also tracks the advanced-composition bound, used when smaller",
+        description="'advanced' also tracks the advanced-composition bound, 'zcdp' the "
+        "(approximate) zCDP bound; each is used when smaller",
     )
     advanced_delta: Delta | None = Field(
-        default=None, description="delta' of advanced composition (required with 'advanced')"
+        default=None,
+        description="delta' of advanced composition or of the zCDP conversion (required with "
+        "'advanced' and 'zcdp')",
     )
     memory_limit: Annotated[str, StringConstraints(pattern=MEMORY_PATTERN)] | None = Field(
         default=None,
@@ -111,8 +114,8 @@ class DatasetPolicy(_Frozen):
 
     @model_validator(mode="after")
     def _advanced_needs_delta(self) -> DatasetPolicy:
-        if self.composition == "advanced" and not self.advanced_delta:
-            raise ValueError("composition = 'advanced' needs advanced_delta > 0")
+        if self.composition != "basic" and not self.advanced_delta:
+            raise ValueError(f"composition = {self.composition!r} needs advanced_delta > 0")
         return self
 
 

@@ -145,7 +145,7 @@ class QueryResult(BaseModel):
 class BudgetStatus(BaseModel):
     """Cap, spent and remaining of the dataset, one analyst, or the people of one partition value.
 
-    ``rule`` names the composition bound that gave ``spent`` ("basic" or "advanced").
+    ``rule`` names the composition bound that gave ``spent`` ("basic", "advanced" or "zcdp").
     """
 
     model_config = ConfigDict(frozen=True)

@@ -28,6 +28,8 @@ from dpsql.engine.planner import (
     AUTO_BOUND_EXPONENTS,
     QueryPlan,
     plan_query,
+    unit_weights_of,
+    with_key_hash_seed,
 )
 from dpsql.engine.policy import Policy, load_policy, parse_policy
 from dpsql.engine.progress import (
@@ -97,10 +99,12 @@ def _dataset_name(database: str | Path, policy: Policy | None) -> str:
 
 def _limits(policy: Policy) -> Limits:
     advanced = policy.dataset.advanced_delta if policy.dataset.composition == "advanced" else None
+    zcdp = policy.dataset.advanced_delta if policy.dataset.composition == "zcdp" else None
     return Limits(
         Cost.cap(policy.dataset.epsilon, policy.dataset.delta),
         {name: Cost.cap(a.epsilon, a.delta) for name, a in policy.analysts.items()},
         advanced,
+        zcdp,
     )
 
 
@@ -376,6 +380,7 @@ class Session:
         if synopsis is not None:
             return self._from_synopsis(synopsis, (shaped[0].shape, shaped[1]))
         plan, normalized = self._plan(sql, epsilon, delta, mechanism, shaped, max_answers)
+        plan = with_key_hash_seed(plan, self.rng)
         entry = self._ledger.charge(
             analyst=self.analyst,
             event=plan.event,
@@ -476,6 +481,7 @@ class Session:
             public_keys=plan.key_literals,
             salt=salt,
             dialect=self.backend.dialect,
+            weights=unit_weights_of(plan),
         )
         frame = self._read(generated)
         if plan.key_release is not None:

@@ -71,6 +71,7 @@ __all__ = [
     "ALPSketch",
     "default_beta",
     "effective_alpha",
+    "error_bound_factor",
     "flip_probability",
     "project",
     "project_hashes",
@@ -117,6 +118,20 @@ def flip_probability(alpha: float | Fraction) -> Fraction:
 def effective_alpha(flip: Fraction) -> Fraction:
     """``α' = (1 - 2p)/p``: the α for which flip probability ``p`` is exactly ``1/(α'+2)``."""
     return (1 - 2 * flip) / flip
+
+
+def error_bound_factor(alpha: float | Fraction, keys_per_row: float) -> float:
+    """The full version's expected-error bound in unary steps (``α'Δ/ε``): ``1/2 + (4α+4)/α² +
+    (4γ+4)/γ²`` with ``γ = (α+2)/(1 + α·keys_per_row) − 2``; infinite when ``γ <= 0``.
+
+    >>> round(error_bound_factor(Fraction(10, 3), 0.1), 2)
+    5.06
+    """
+    alpha = float(alpha)
+    gamma = (alpha + 2.0) / (1.0 + alpha * float(keys_per_row)) - 2.0
+    if gamma <= 0:
+        return math.inf
+    return 0.5 + (4 * alpha + 4) / alpha**2 + (4 * gamma + 4) / gamma**2
 
 
 def default_beta(epsilon: float, sensitivity: int) -> float:
@@ -237,12 +252,7 @@ class ALPSketch:
         >>> round(sketch.expected_error_bound(0.1) / sketch.step, 2)
         5.06
         """
-        alpha = float(self.alpha)
-        gamma = (alpha + 2.0) / (1.0 + alpha * float(keys_per_row)) - 2.0
-        if gamma <= 0:
-            return math.inf
-        factor = 0.5 + (4 * alpha + 4) / alpha**2 + (4 * gamma + 4) / gamma**2
-        return factor * self.step
+        return error_bound_factor(self.alpha, keys_per_row) * self.step
 
     @property
     def nbytes(self) -> int:

@@ -31,9 +31,12 @@ class QueryRequest(BaseModel):
     sql: str = Field(min_length=1, description="the SQL; OPTIONS(...) in it work as on the CLI")
     epsilon: float | None = Field(None, description="epsilon of this query")
     delta: float | None = Field(None, description="delta of this query")
-    mechanism: Literal["laplace", "threshold", "alp"] | None = Field(
-        None, description="how keys without public keys are released; laplace skips synopses"
-    )
+    mechanism: (
+        Literal[
+            "laplace", "threshold", "threshold_laplace", "threshold_gaussian", "weighted", "alp"
+        ]
+        | None
+    ) = Field(None, description="how keys without public keys are released; laplace skips synopses")
     max_answers: int | None = Field(None, description="cut-off of the sparse vector technique")
     dialect: str = Field("duckdb", max_length=32, description="SQL dialect of `sql` (sqlglot's)")
 

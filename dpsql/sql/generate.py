@@ -259,8 +259,13 @@ def bounded_aggregate(
     public_keys: Mapping[str, Sequence[exp.Expression]],
     salt: int,
     dialect: str = "duckdb",
+    weights: Sequence[int] | None = None,
 ) -> str:
     """SQL returning one row per non-empty group: the group columns, then one column per measure.
+
+    With ``weights`` (``w_1..w_K``, a GROUP BY over a column without public keys), a last column
+    ``weight`` sums, per key, the weight ``w_n`` each unit gives each of its first ``n = min(its
+    keys, K)`` keys in the salted order (``dpsql.mechanisms.weighted_selection``).
 
     Group columns in ``public_keys`` are restricted to those keys and returned as the database
     prints them (``CAST(key AS VARCHAR)``), so answers are matched to keys in its own semantics;
@@ -373,6 +378,8 @@ def bounded_aggregate(
         # One sort of every unit's cells: splitting off the units that cannot exceed a bound
         # costs a second pass and a join, which is slower whenever many units do exceed one.
         ranking = [f"ROW_NUMBER() OVER ({order_by}) AS __group_rank"]
+        if weights:
+            ranking.append("COUNT(*) OVER (PARTITION BY __unit) AS __unit_keys")
         if cap_unit:
             ranking.append(
                 f"SUM({kept}) OVER ({order_by} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) "
@@ -397,6 +404,14 @@ def bounded_aggregate(
         aggregates.append(
             f"CAST(LEAST(GREATEST(COALESCE({total}, 0), -{_EXACT}), {_EXACT}) AS BIGINT) "
             f"AS {_identifier(measure.name)}"
+        )
+    if weights:
+        assert previous.startswith("ranked"), "weights need the per-unit ranking"
+        table = " ".join(f"WHEN {n} THEN {int(w)}" for n, w in enumerate(weights, start=1))
+        share = f"CASE LEAST(__unit_keys, {len(weights)}) {table} END"
+        aggregates.append(
+            f"CAST(SUM(CASE WHEN __group_rank <= {len(weights)} THEN {share} ELSE 0 END) "
+            f"AS BIGINT) AS {_identifier('weight')}"
         )
     outputs = [
         f"{f'CAST({k} AS VARCHAR)' if c in public_keys else k} AS {_identifier(c)}"

@@ -75,18 +75,25 @@ def test_key_release_noise_scale_is_the_one_explained_and_recorded(
     tmp_path: Path, mechanism: str
 ) -> None:
     """8 groups × 8 rows per group but 8 rows per person: Δ = min(64, 8) = 8, so at ε = 0.3 the
-    threshold's noise scale is 26.67 (the combined structure's threshold gets ε/2: 53.33)."""
+    threshold's noise scale is 26.67 (the combined structure's threshold gets the share of ε that
+    ``sketch_split.choose`` picks from the sensitivity; here the sketch cannot beat answering 0,
+    so 0.95 of it: 28.07)."""
     database = _panel(tmp_path, 1000, 1, groups=8, rows=8, per_unit=8)
     sql = "SELECT url, COUNT(*) AS n FROM panel GROUP BY url"
     with seeded_connect(database, analyst="alice", rng=np.random.default_rng(3)) as db:
         explained = db.explain(sql, epsilon=0.3, delta=1e-5, mechanism=mechanism)
         result = db.execute(sql, epsilon=0.3, delta=1e-5, mechanism=mechanism)
     release = explained["plan"]["key_release"]
-    expected = 8 / 0.3 if mechanism == "threshold" else 8 / 0.15
+    expected = 8 / 0.3 if mechanism == "threshold" else 8 / (0.95 * 0.3)
     assert release["noise_scale"] == pytest.approx(expected, rel=1e-6)
     assert release["l1_sensitivity"] == 8
     assert result.noise_scale["n"] == release["noise_scale"]
     assert explained["plan"]["measurements"][0]["noise_scale"] == release["noise_scale"]
+    assert explained["plan"]["measurements"][0]["epsilon"] == release["threshold_epsilon"]
+    if mechanism == "alp":
+        assert release["sketch"]["threshold_share"] == 0.95
+        assert release["sketch"]["sketch_beats_zero"] is False
+        assert "CANNOT beat answering 0" in release["sketch"]["note"]
     entry = database_ledger(database)[-1]
     (leaf,) = entry["payload"]["events"]
     params = leaf["params"]

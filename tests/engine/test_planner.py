@@ -94,8 +94,11 @@ def test_keys_without_a_public_set_are_released_by_threshold_or_combined() -> No
         shape = analyze(parse(sql), CATALOG)
         return plan_query(shape, POLICY, epsilon=1.0, delta=delta, mechanism=mechanism)
 
-    approximate = release("SELECT k, COUNT(*) FROM t GROUP BY k", 1e-6)
+    approximate = release("SELECT k, COUNT(*) FROM t GROUP BY k", 1e-6, "threshold")
     assert approximate.mechanism == "threshold" and approximate.key_release is not None
+    default = release("SELECT k, COUNT(*) FROM t GROUP BY k", 1e-6)
+    assert default.key_release is not None and default.key_release.default is not None
+    assert default.mechanism == default.key_release.default.mechanism
     assert total(approximate.event).delta == pytest.approx(1e-6)
     assert release("SELECT k, COUNT(*) FROM t GROUP BY k", 1e-6, "alp").mechanism == "combined"
     options = (

@@ -62,7 +62,10 @@ def database(tmp_path: Path) -> Path:
 def test_threshold_releases_heavy_keys_only(database: Path, rng) -> None:
     with seeded_connect(database, analyst="a", rng=rng) as db:
         result = db.execute(
-            "SELECT url, COUNT(*) AS n FROM hits GROUP BY url", epsilon=1.0, delta=1e-6
+            "SELECT url, COUNT(*) AS n FROM hits GROUP BY url",
+            epsilon=1.0,
+            delta=1e-6,
+            mechanism="threshold",
         )
     assert result.mechanism == "threshold" and (result.epsilon, result.delta) == (1.0, 1e-6)
     # key_domain = "hash64": keys are shown as hashes under a public seed, even with delta > 0
@@ -139,7 +142,10 @@ def test_pure_dp_needs_a_declared_domain(database: Path, rng) -> None:
 def test_explain_names_the_mechanism_without_charging(database: Path) -> None:
     with dpsql.connect(database, analyst="a") as db:
         report = db.explain("SELECT url, COUNT(*) FROM hits GROUP BY url", epsilon=1, delta=1e-6)
+        # L0 = 2, R = 5: weighted selection needs a few fewer persons per key, not 10% fewer:
+        # the Laplace threshold stays the default (issue 15).
         assert report["plan"]["mechanism"] == "threshold"
+        assert report["plan"]["key_release"]["default_choice"].startswith("default: threshold")
         assert report["cost"] == {"epsilon": 1.0, "delta": 1e-6}
     assert len(database_ledger(database)) == 1
 

@@ -1,0 +1,208 @@
+"""Keys released per mechanism for GROUP BY over keys without public keys (issue 15).
+
+The issue's table (``bench_histogram.zipf_visits``: 200k users with 1-10 rows each, about 1M rows,
+Zipf(1) URLs over 100k) and a heavier-tailed one (Zipf(0.8) over 1M URLs), bounded as the engine
+bounds them: each user keeps at most L0 of their URLs (a random L0, as the salted order does), one
+row per URL. For ε ∈ {0.5, 1, 2}, δ = 1e-6, L0 ∈ {1, 10, 50}, every mechanism is run at library
+level on the same bounded data (``--trials`` seeds each): keys released, mean and median |error| of
+the released counts (against the bounded truth), and mean |error| on the keys today's Laplace
+threshold releases in the same trial (``on_laplace``). ``default`` marks the mechanism the engine
+picks (:func:`dpsql.engine.key_mechanisms.choose_default`, no data used). Then the issue's setting
+end to end through ``dpsql.connect`` with the default mechanism, and the total ε of 100 Gaussian
+releases under basic composition and under zCDP/RDP (Google's ``dp-accounting``).
+
+    python benchmarks/bench_partition_selection.py            # both tables, 3 trials
+    python benchmarks/bench_partition_selection.py --quick    # issue table, ε = 1 only, 1 trial
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from bench_histogram import zipf_visits
+
+import dpsql
+from dpsql.engine.key_mechanisms import choose_default
+from dpsql.mechanisms import gaussian_threshold, threshold, weighted_selection
+from dpsql.mechanisms.random import _seeded_for_tests
+from dpsql.mechanisms.threshold import Contribution
+
+DELTA = 1e-6
+
+
+def heavy_tail_visits(seed: int = 4) -> pd.DataFrame:
+    """200k users with 1-10 rows each, URLs Zipf(0.8) over 1M (a heavier tail)."""
+    rng = np.random.default_rng(seed)
+    per_user = rng.integers(1, 11, 200_000)
+    ranks = np.arange(1, 1_000_001, dtype=np.float64)
+    p = ranks**-0.8
+    ids = rng.choice(ranks.size, size=int(per_user.sum()), p=p / p.sum())
+    return pd.DataFrame({"user_id": np.repeat(np.arange(200_000), per_user), "url": ids})
+
+
+def bounded(visits: pd.DataFrame, groups: int, seed: int = 7) -> pd.DataFrame:
+    """Distinct (user, url) pairs, each user keeping a random ``groups`` of their URLs."""
+    pairs = visits.drop_duplicates().sample(frac=1.0, random_state=seed)
+    return pairs[pairs.groupby("user_id").cumcount() < groups]
+
+
+def per_key(pairs: pd.DataFrame, groups: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Keys, bounded counts and summed unit weights (as the generated SQL computes them)."""
+    weights = np.array(weighted_selection.unit_weights(groups))
+    n = pairs.groupby("user_id")["url"].transform("size").to_numpy()
+    frame = (
+        pairs.assign(weight=weights[n - 1])
+        .groupby("url")
+        .agg(count=("user_id", "size"), weight=("weight", "sum"))
+    )
+    return frame.index.to_numpy(), frame["count"].to_numpy(), frame["weight"].to_numpy()
+
+
+def run(name: str, keys, counts, weights, epsilon: float, bounds: Contribution, seed: int):
+    rng = np.random.Generator(np.random.PCG64(seed))
+    if name == "threshold":
+        return threshold.release(
+            keys, counts, epsilon=epsilon, delta=DELTA, rng=rng,
+            max_groups_per_unit=bounds.max_groups_per_unit, max_rows_per_group=1,
+            max_rows_per_unit=bounds.max_rows_per_unit,
+        )  # fmt: skip
+    if name == "threshold_gaussian":
+        return gaussian_threshold.release(
+            keys, counts, epsilon=epsilon, delta=DELTA, bounds=bounds, rng=rng
+        )
+    return weighted_selection.release(
+        keys, counts, weights, epsilon=epsilon, delta=DELTA, bounds=bounds, rng=rng
+    )
+
+
+def table(title: str, visits: pd.DataFrame, epsilons, groups_list, trials: int) -> None:
+    print(f"\n== {title}")
+    print("| L0 | ε | mechanism | keys released | mean abs err | median abs err | on_laplace |")
+    print("|---|---|---|---|---|---|---|")
+    for groups in groups_list:
+        pairs = bounded(visits, groups)
+        keys, counts, weights = per_key(pairs, groups)
+        truth = pd.Series(counts, index=keys)
+        bounds = Contribution(groups, 1, groups)
+        for epsilon in epsilons:
+            default = choose_default(epsilon, DELTA, bounds).mechanism
+            stats: dict[str, list] = {}
+            for trial in range(trials):
+                laplace_keys = None
+                for name in ("threshold", "threshold_gaussian", "weighted"):
+                    if name == "weighted" and groups == 1:
+                        continue
+                    out = run(name, keys, counts, weights, epsilon, bounds, 100 * trial + 1)
+                    error = np.abs(out.values - truth.reindex(out.keys).to_numpy())
+                    if name == "threshold":
+                        laplace_keys = set(out.keys.tolist())
+                    on = np.array([k in laplace_keys for k in out.keys.tolist()])
+                    stats.setdefault(name, []).append(
+                        (out.keys.size, error.mean(), np.median(error), error[on].mean())
+                    )
+            for name, rows in stats.items():
+                k, mean, median, on = np.mean(np.array(rows, dtype=float), axis=0)
+                mark = " (default)" if name == default else ""
+                print(
+                    f"| {groups} | {epsilon:g} | {name}{mark} | {k:.0f} | {mean:.1f} | "
+                    f"{median:.1f} | {on:.1f} |"
+                )
+
+
+POLICY = """
+[dataset]
+epsilon = 1000000.0
+delta = 0.5
+[analysts.bench]
+epsilon = 1000000.0
+delta = 0.5
+[tables.requests]
+privacy_unit = "user_id"
+max_groups_per_unit = 10
+max_rows_per_group = 1
+max_rows_per_unit = 10
+"""
+
+
+def end_to_end(trials: int) -> None:
+    """The issue's setting through the engine, default mechanism (and each named one)."""
+    import duckdb
+
+    visits = zipf_visits()
+    with tempfile.TemporaryDirectory() as name:
+        path = Path(name) / "b.duckdb"
+        con = duckdb.connect(str(path))
+        con.register("v", visits)
+        con.execute("CREATE TABLE requests AS SELECT * FROM v")
+        con.close()
+        policy = Path(name) / "policy.toml"
+        policy.write_text(POLICY)
+        dpsql.set_policy(path, policy)
+        print("\n== end to end (dpsql.connect), ε = 1, δ = 1e-6, L0 = 10, L∞ = 1, 1M rows")
+        for mechanism in (None, "threshold", "threshold_gaussian", "weighted"):
+            released, seconds = [], []
+            for trial in range(trials):
+                generator = np.random.Generator(np.random.PCG64(trial + 50))
+                with _seeded_for_tests(generator), dpsql.connect(path, analyst="bench") as db:
+                    started = time.perf_counter()
+                    result = db.execute(
+                        "SELECT url, COUNT(*) FROM requests GROUP BY url",
+                        epsilon=1.0, delta=DELTA, mechanism=mechanism,
+                    )  # fmt: skip
+                    seconds.append(time.perf_counter() - started)
+                released.append(len(result.rows))
+            print(
+                f"  {mechanism or 'default'}: mechanism {result.mechanism}, keys released "
+                f"{np.mean(released):.0f} (trials {released}), median {np.median(seconds):.2f} s"
+            )
+
+
+def composition() -> None:
+    """Total ε at δ = 1e-6 of 100 Gaussian releases, each (1, 1e-6)-DP alone."""
+    from dp_accounting import GaussianDpEvent, SelfComposedDpEvent
+    from dp_accounting.rdp import RdpAccountant
+
+    from dpsql.mechanisms.discrete_gaussian import zcdp_delta
+
+    low, high = 1e-6, 10.0  # ρ of one (1, 1e-6)-DP Gaussian release
+    for _ in range(100):
+        middle = math.sqrt(low * high)
+        low, high = (middle, high) if zcdp_delta(middle, 1.0) < 1e-6 else (low, middle)
+    accountant = RdpAccountant()
+    accountant.compose(SelfComposedDpEvent(GaussianDpEvent(1 / math.sqrt(2 * low)), 100))
+    print(
+        f"\n== composition: 100 Gaussian releases, each (ε = 1, δ = 1e-6): basic ε = 100 "
+        f"(δ = 1e-4); RDP/zCDP (dp-accounting) ε = {accountant.get_epsilon(1e-4):.2f} at δ = "
+        f"1e-4, {accountant.get_epsilon(1e-6):.2f} at δ = 1e-6"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--trials", type=int, default=3)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--skip-engine", action="store_true")
+    args = parser.parse_args()
+    started = time.perf_counter()
+    if args.quick:
+        table("issue table (Zipf(1) over 100k)", zipf_visits(), (1.0,), (10,), 1)
+    else:
+        epsilons, groups = (0.5, 1.0, 2.0), (1, 10, 50)
+        table("issue table (Zipf(1) over 100k)", zipf_visits(), epsilons, groups, args.trials)
+        table(
+            "heavier tail (Zipf(0.8) over 1M)", heavy_tail_visits(), epsilons, groups, args.trials
+        )
+    if not args.skip_engine:
+        end_to_end(1 if args.quick else args.trials)
+    composition()
+    print(f"\ntotal {time.perf_counter() - started:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
