@@ -15,6 +15,7 @@ import click
 from dpsql.cli_output import console, db_option, print_csv, print_table
 from dpsql.cli_progress import progress_display, progress_option
 from dpsql.cli_publish import register as register_publish
+from dpsql.cli_report import register as register_report
 from dpsql.cli_serve import register as register_serve
 from dpsql.cli_serve import serve_demo
 from dpsql.engine import contributions as contribution_defaults
@@ -402,6 +403,7 @@ def demo(directory: str, rows: int, then_serve: bool) -> None:
 
 
 register_publish(cli)
+register_report(cli)
 register_serve(cli)
 
 
