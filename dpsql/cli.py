@@ -46,6 +46,13 @@ _max_answers = click.option(
     default=None,
     help="Cut-off c of the sparse vector technique (range JOIN with HAVING).",
 )
+_accuracy = click.option(
+    "--accuracy",
+    type=float,
+    default=None,
+    help="Instead of --epsilon: the interval half-width to meet; the least epsilon meeting it "
+    "is charged.",
+)
 _format = click.option(
     "--format",
     "output_format",
@@ -156,6 +163,7 @@ def policy_show(database: str) -> None:
 @click.option("--dialect", default="duckdb", show_default=True, help="SQL dialect of the query.")
 @_mechanism
 @_max_answers
+@_accuracy
 @_format
 @progress_option
 @click.argument("sql")
@@ -167,6 +175,7 @@ def query(
     dialect: str,
     mechanism: str | None,
     max_answers: int | None,
+    accuracy: float | None,
     output_format: str,
     show_progress: bool | None,
     sql: str,
@@ -177,7 +186,12 @@ def query(
         connect(database, analyst=analyst, dialect=dialect, progress=display) as session,
     ):
         result = session.execute(
-            sql, epsilon=epsilon, delta=delta, mechanism=mechanism, max_answers=max_answers
+            sql,
+            epsilon=epsilon,
+            delta=delta,
+            mechanism=mechanism,
+            max_answers=max_answers,
+            accuracy=accuracy,
         )
     print_result(result, output_format)
 
@@ -189,6 +203,7 @@ def query(
 @click.option("--delta", type=float, default=None)
 @_mechanism
 @_max_answers
+@_accuracy
 @click.argument("sql")
 def explain(
     database: str,
@@ -197,12 +212,18 @@ def explain(
     delta: float | None,
     mechanism: str | None,
     max_answers: int | None,
+    accuracy: float | None,
     sql: str,
 ) -> None:
     """Show the plan, sensitivities and cost of SQL without reading data or charging."""
     with connect(database, analyst=analyst) as session:
         report = session.explain(
-            sql, epsilon=epsilon, delta=delta, mechanism=mechanism, max_answers=max_answers
+            sql,
+            epsilon=epsilon,
+            delta=delta,
+            mechanism=mechanism,
+            max_answers=max_answers,
+            accuracy=accuracy,
         )
         click.echo(json.dumps(report, indent=2))
 

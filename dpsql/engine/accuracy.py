@@ -13,18 +13,27 @@ run time (automatic bounds). Such outputs have ``None`` as their error.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Mapping
 
 from dpsql.accountant.events import total
 from dpsql.accountant.units import Cost
 from dpsql.engine.allocation import least_units
 from dpsql.engine.planner import QueryPlan
+from dpsql.engine.policy import Policy
 from dpsql.errors import DpsqlError, ParameterError
 from dpsql.mechanisms.laplace import interval_half_width
 from dpsql.sql.generate import MeasureKind
 from dpsql.sql.shape import AggregateKind, GroupKey
 
-__all__ = ["accuracy_target", "least_epsilon", "output_errors", "plan_error"]
+__all__ = [
+    "accuracy_details",
+    "accuracy_target",
+    "least_epsilon",
+    "output_errors",
+    "plan_error",
+    "with_confidence",
+]
 
 
 def output_errors(plan: QueryPlan, confidence: float | None = None) -> dict[str, float | None]:
@@ -59,28 +68,22 @@ def _error(
 
 
 def plan_error(plan: QueryPlan, column: str | None, confidence: float | None = None) -> float:
-    """The expected error of ``column`` (the only noisy output when None); refuses outputs whose
-    error depends on the data, naming them."""
+    """The expected error of output ``column``, or with None the largest over every noisy
+    output; refuses outputs whose error depends on the data, naming them."""
     errors = output_errors(plan, confidence)
-    if column is None:
-        if len(errors) != 1:
-            raise ParameterError(
-                f"the query has {len(errors)} noisy outputs ({', '.join(errors)}); name the one "
-                "the accuracy target is for"
-            )
-        (column,) = errors
-    if column not in errors:
+    if column is not None and column not in errors:
         raise ParameterError(
             f"{column!r} is not a noisy output of the query (outputs: {', '.join(errors)})"
         )
-    error = errors[column]
-    if error is None:
+    chosen = errors if column is None else {column: errors[column]}
+    unknown = [name for name, error in chosen.items() if error is None]
+    if unknown:
         raise ParameterError(
-            f"the error of {column!r} depends on the data (an AVG is a ratio of noisy values; "
-            "automatically bounded sums get their bounds at run time): no accuracy can be "
-            "promised for it before the data is read; give it an epsilon instead"
+            f"the error of {', '.join(map(repr, unknown))} depends on the data (an AVG is a "
+            "ratio of noisy values; automatically bounded sums get their bounds at run time): "
+            "no accuracy can be promised for it before the data is read; give an epsilon instead"
         )
-    return error
+    return max(error for error in chosen.values() if error is not None)
 
 
 def least_epsilon(
@@ -119,12 +122,51 @@ def least_epsilon(
     return plan
 
 
-def accuracy_target(options: dict[str, object]) -> float | None:
-    """The ``accuracy`` of ``OPTIONS(...)``, checked; None when absent."""
-    value = options.get("accuracy")
+def accuracy_target(
+    given: float | None, options: Mapping[str, object], epsilon: float | None
+) -> float | None:
+    """The accuracy target of a query (argument or ``OPTIONS(accuracy=...)``), checked; None when
+    absent. A query states an epsilon or an accuracy, never both."""
+    option = options.get("accuracy")
+    if given is not None and option is not None and float(given) != option:
+        raise ParameterError(
+            f"accuracy is given both in OPTIONS ({option}) and as an argument ({given}); "
+            "give it once"
+        )
+    value = given if given is not None else option
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
         raise ParameterError(f"accuracy must be a positive number, got {value!r}")
+    if not math.isfinite(value):
+        raise ParameterError(f"accuracy must be finite, got {value!r}")
+    if epsilon is not None or "epsilon" in options:
+        raise ParameterError(
+            "give an epsilon or an accuracy, not both: with an accuracy dpsql chooses the least "
+            "epsilon that meets it"
+        )
     return float(value)
 
+
+def with_confidence(policy: Policy, options: Mapping[str, object]) -> Policy:
+    """``policy`` with the interval confidence of ``OPTIONS(confidence=...)`` (a reporting
+    level, not a privacy parameter), or unchanged."""
+    level = options.get("confidence")
+    if level is None:
+        return policy
+    if not isinstance(level, float) or not 0.5 <= level < 1:
+        raise ParameterError(f"confidence must be in [0.5, 1), got {level!r}")
+    dataset = policy.dataset.model_copy(update={"confidence": level})
+    return policy.model_copy(update={"dataset": dataset})
+
+
+def accuracy_details(plan: QueryPlan, target: float) -> dict[str, object]:
+    """What EXPLAIN, the ledger and the result say about an accuracy-first query."""
+    return {
+        "target": target,
+        "confidence": plan.confidence,
+        "expected_error": output_errors(plan),
+        "epsilon": plan.epsilon,
+        "rule": "the least epsilon, in ledger units of 1e-9, whose interval half-width at the "
+        "confidence is at most the target for every noisy output",
+    }

@@ -35,6 +35,8 @@ OPTION_TYPES: Mapping[str, type] = {
     "delta": float,
     "mechanism": str,
     "max_answers": float,
+    "accuracy": float,
+    "confidence": float,
 }
 """Options accepted in ``WITH DIFFERENTIAL_PRIVACY OPTIONS(...)``, with their types."""
 
