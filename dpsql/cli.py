@@ -107,8 +107,11 @@ def print_budget(report: BudgetReport, output_format: str) -> None:
         "delta_spent",
         "delta_remaining",
     ]
+    period = report.lines[0].period if report.lines else None
+    columns += ["period"] if period is not None else []
     rows = [[getattr(line, c) for c in columns] for line in report.lines]
-    print_listing(report.model_dump(), "Privacy budget", columns, rows, output_format)
+    title = "Privacy budget" + (f" (period {period})" if period is not None else "")
+    print_listing(report.model_dump(), title, columns, rows, output_format)
 
 
 def print_synopses(listed: list[dict[str, Any]], output_format: str) -> None:

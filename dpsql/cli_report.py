@@ -77,6 +77,7 @@ def print_plan(planned: ReportPlan) -> None:
         console.print(
             f"{line['scope']} {line['name']}: epsilon={line['epsilon_remaining']:.10g}, "
             f"delta={line['delta_remaining']:.10g} remaining"
+            + (f" in budget period {line['period']}" if line.get("period") else "")
         )
     console.print("fits: yes" if data["fits"] else "fits: NO")
 

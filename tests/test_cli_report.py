@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from pathlib import Path
 
+from dpsql.accountant import periods
 from dpsql.cli import main
 from dpsql.engine.demo import DEMO_POLICY, build_demo
 from dpsql.engine.session import database_budget, set_policy
@@ -51,3 +53,14 @@ def test_a_batch_that_does_not_fit_exits_1_naming_the_shortfall(tmp_path: Path, 
                  str(tmp_path / "out")]) == 1  # fmt: skip
     assert not (tmp_path / "out").exists()
     assert database_budget(database, "bob").for_analyst("bob").epsilon_spent == 0
+
+
+def test_budget_shows_the_current_period(tmp_path: Path, capsys) -> None:
+    database = build_demo(tmp_path / "d.duckdb", rows=2_000, users=200)
+    set_policy(database, DEMO_POLICY.replace("[dataset]\n", '[dataset]\nperiod = "month"\n'))
+    month = periods.label("month", dt.datetime.now(dt.UTC))
+    assert main(["budget", "--db", str(database)]) == 0
+    assert f"Privacy budget (period {month})" in capsys.readouterr().out
+    assert main(["budget", "--db", str(database), "--format", "json"]) == 0
+    lines = json.loads(capsys.readouterr().out)["lines"]
+    assert {line["period"] for line in lines} == {month}

@@ -18,9 +18,13 @@ class Limits:
     analysts: dict[str, Cost] = field(default_factory=dict)
     advanced_delta: float | None = None
     """δ′ of advanced composition when the policy enables it (see ``composition``)."""
+    period: str | None = None
+    """"month" or "year" when the caps renew each calendar period (``dpsql.accountant.periods``)."""
 
     def to_dict(self) -> dict[str, Any]:
+        renewal = {} if self.period is None else {"period": self.period}
         return {
+            **renewal,
             "advanced_delta": self.advanced_delta,
             "dataset": [self.dataset.epsilon_units, self.dataset.delta_units],
             "analysts": {
@@ -34,4 +38,5 @@ class Limits:
             Cost(*data["dataset"]),
             {name: Cost(*units) for name, units in data["analysts"].items()},
             data.get("advanced_delta"),
+            data.get("period"),
         )

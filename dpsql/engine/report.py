@@ -162,6 +162,7 @@ class ReportPlan:
                 "delta_units": self.total.delta_units,
             },
             "requested_total_epsilon": self.spec.epsilon,
+            "period": self.draws_on[0].period,
             "queries": [q.to_dict() for q in self.queries],
             "draws_on": [line.model_dump() for line in self.draws_on],
             "fits": not self.shortfalls(),
@@ -321,7 +322,7 @@ def run_report(
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
         try:
-            render(plan, {"entry": ledger_entry, **audit}, results, staging)
+            render(plan, {"entry": ledger_entry, "period": entry.period, **audit}, results, staging)
             if out.exists():
                 out.rmdir()
             staging.rename(out)
@@ -375,9 +376,10 @@ def results_document(
         "report": plan.to_dict(),
         "ledger_entry": {
             k: audit["entry"][k]
-            for k in ("seq", "time", "hash", "prev_hash", "epsilon", "delta", "analyst")
+            for k in ("seq", "time", "hash", "prev_hash", "epsilon", "delta", "analyst", "period")
         },
         "verify": audit["verify"],
+        "period": audit.get("period"),
         "results": {name: result.to_dict() for name, result in results.items()},
     }
 

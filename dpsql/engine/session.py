@@ -106,6 +106,7 @@ def _limits(policy: Policy) -> Limits:
         Cost.cap(policy.dataset.epsilon, policy.dataset.delta),
         {name: Cost.cap(a.epsilon, a.delta) for name, a in policy.analysts.items()},
         advanced,
+        None if policy.dataset.period == "none" else policy.dataset.period,
     )
 
 
@@ -769,6 +770,7 @@ def budget_report(ledger: Ledger, analyst: str | None = None) -> BudgetReport:
                 epsilon_remaining=line.remaining.epsilon,
                 delta_remaining=line.remaining.delta,
                 rule=line.rule,
+                period=line.period,
             )
             for line in ledger.budget(analyst)
         ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import re
 from pathlib import Path
@@ -10,12 +11,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dpsql.accountant import periods
 from dpsql.accountant.units import Cost
 from dpsql.engine.accuracy import plan_error
 from dpsql.engine.allocation import least_units, split_units
+from dpsql.engine.demo import DEMO_POLICY
 from dpsql.engine.report import plan_report, run_report
 from dpsql.engine.report_spec import parse_report_spec
-from dpsql.engine.session import database_ledger
+from dpsql.engine.session import database_ledger, set_policy
 from dpsql.errors import (
     FAILED_AFTER_CHARGE,
     BudgetExceededError,
@@ -241,3 +244,18 @@ def test_an_existing_directory_is_refused_before_the_charge(
         with pytest.raises(ParameterError, match="exists and is not empty"):
             run_report(session, spec(), tmp_path / "out")
         assert session.budget().for_analyst("bob").epsilon_spent == 0
+
+
+def test_a_report_states_the_budget_period_it_spent(demo_db: Path, rng, tmp_path: Path) -> None:
+    monthly = DEMO_POLICY.replace("[dataset]\n", '[dataset]\nperiod = "month"\n')
+    set_policy(demo_db, monthly)
+    with seeded_connect(demo_db, analyst="bob", rng=rng) as session:
+        month = session._ledger.current_period()
+        assert month == periods.label("month", dt.datetime.now(dt.UTC))
+        plan = plan_report(session, spec())
+        assert plan.to_dict()["period"] == month
+        run_report(session, spec(), tmp_path / "out")
+        assert session.budget().for_analyst("bob").period == month
+    document = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert document["period"] == document["ledger_entry"]["period"] == month
+    assert f"budget period <b>{month}</b>" in (tmp_path / "out" / "report.html").read_text()
