@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from dpsql.accountant.events import SequentialEvent, event_to_dict, total
-from dpsql.accountant.units import Cost
+from dpsql.accountant.units import Cost, check_budget_value
 from dpsql.engine.accuracy import least_epsilon, output_errors, plan_error
 from dpsql.engine.allocation import split_units
 from dpsql.engine.planner import QueryPlan
@@ -179,18 +179,19 @@ def _planner(
     for option in ("epsilon", "delta", "accuracy", "confidence"):
         if option in bound.shape.options:
             raise ParameterError(
-                f"query {name!r}: the report sets {option}; remove it from OPTIONS(...)"
+                f"the report sets {option}; remove it from OPTIONS(...)"
             )
-    if spec.confidence is not None:
-        dataset = session.policy.dataset.model_copy(update={"confidence": spec.confidence})
-        session.policy = session.policy.model_copy(update={"dataset": dataset})
+    if bound.shape.range_join is not None:
+        session._check_one_range_per_group(bound.shape)
     policy = session.policy
-
-    def plan_at(epsilon: float) -> QueryPlan:
+    if spec.confidence is not None:
+        dataset = policy.dataset.model_copy(update={"confidence": spec.confidence})
+        session.policy = policy.model_copy(update={"dataset": dataset})
+    try:
+        delta = check_budget_value("delta", query.delta, allow_zero=True)
+        return session._planner(bound, delta, None, None), normalized
+    finally:
         session.policy = policy
-        return session._plan(query.sql, epsilon, query.delta, None, (bound, normalized))[0]
-
-    return plan_at, normalized
 
 
 def plan_report(session: Session, spec: ReportSpec) -> ReportPlan:
@@ -200,7 +201,7 @@ def plan_report(session: Session, spec: ReportSpec) -> ReportPlan:
     planners: dict[str, tuple[Callable[[float], QueryPlan], str]] = {}
     for name, query in spec.queries.items():
         planners[name] = _named(name, lambda n=name, q=query: _planner(session, spec, n, q))
-    confidence = session.policy.dataset.confidence
+    confidence = spec.confidence or session.policy.dataset.confidence
     rule = spec.rule
     plans: dict[str, QueryPlan] = {}
     fixed = {n: q for n, q in spec.queries.items() if q.epsilon is not None}
@@ -230,11 +231,7 @@ def plan_report(session: Session, spec: ReportSpec) -> ReportPlan:
             )
         weights = [q.weight for q in ruled.values()]
         if rule == "minimax":
-            weights = [
-                _named(name, lambda q=q, n=name: plan_error(planners[n][0](1.0), q.column))
-                / (q.expected if q.expected is not None else q.accuracy)  # type: ignore[operator]
-                for name, q in ruled.items()
-            ]
+            weights = _minimax_weights(ruled, {n: planners[n][0] for n in ruled}, rest)
         for (name, _), share in zip(ruled.items(), split_units(rest, weights), strict=True):
             plans[name] = _named(name, lambda n=name, s=share: planners[n][0](Cost(s).epsilon))
             assert total(plans[name].event).epsilon_units == share
@@ -251,6 +248,31 @@ def plan_report(session: Session, spec: ReportSpec) -> ReportPlan:
         ),
         draws_on=(status.dataset, analyst_line),
     )
+
+
+MINIMAX_ROUNDS = 4
+"""Fixed-point rounds of the minimax split: a sum's error is c/ε only approximately (its grid
+follows ε), so c is re-measured at each round's ε and the split redone."""
+
+
+def _minimax_weights(
+    queries: dict[str, QuerySpec], plan_at: dict[str, Callable[[float], QueryPlan]], units: int
+) -> list[float]:
+    """Weights ε_i ∝ c_i / E_i, with c_i = error x ε measured at the query's current share
+    (first at an equal split), refined for ``MINIMAX_ROUNDS`` rounds."""
+    scale = {n: q.expected if q.expected is not None else q.accuracy for n, q in queries.items()}
+    shares = split_units(units, [1.0] * len(queries))
+    weights: list[float] = []
+    for _ in range(MINIMAX_ROUNDS):
+        weights = []
+        for (name, query), share in zip(queries.items(), shares, strict=True):
+            epsilon = Cost(share).epsilon
+            error = _named(
+                name, lambda n=name, q=query, e=epsilon: plan_error(plan_at[n](e), q.column)
+            )
+            weights.append(error * epsilon / scale[name])  # type: ignore[operator]
+        shares = split_units(units, weights)
+    return weights
 
 
 def _named(name: str, work: Callable[[], _T]) -> _T:

@@ -318,11 +318,23 @@ class Session:
             else options.get("delta", self.policy.dataset.default_query_delta)
         )
         delta = check_budget_value("delta", delta, allow_zero=True)
-        policy, keys = with_confidence(self.policy, options), self._keys(shape)
+        plan_at = self._planner(bound, delta, mechanism, max_answers)
+        if target is not None:
+            ceiling = min(self.policy.dataset.epsilon, self.policy.analysts[self.analyst].epsilon)
+            return least_epsilon(plan_at, target, ceiling=ceiling), normalized
+        return plan_at(check_budget_value("epsilon", epsilon, allow_zero=False)), normalized
+
+    def _planner(
+        self, bound: BoundShape, delta: float, mechanism: str | None, max_answers: int | None
+    ) -> Callable[[float], QueryPlan]:
+        """Plans of a bound query at any epsilon, with the policy's (or ``OPTIONS``')
+        confidence; public keys are converted once. Reads no data."""
+        policy = with_confidence(self.policy, bound.shape.options)
+        keys = self._keys(bound.shape)
 
         def plan_at(epsilon: float) -> QueryPlan:
             return plan_query(
-                shape,
+                bound.shape,
                 policy,
                 epsilon=epsilon,
                 delta=delta,
@@ -332,10 +344,7 @@ class Session:
                 partition=bound.partition,
             )
 
-        if target is not None:
-            ceiling = min(policy.dataset.epsilon, policy.analysts[self.analyst].epsilon)
-            return least_epsilon(plan_at, target, ceiling=ceiling), normalized
-        return plan_at(check_budget_value("epsilon", epsilon, allow_zero=False)), normalized
+        return plan_at
 
     def explain(
         self,
