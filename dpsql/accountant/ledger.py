@@ -249,6 +249,8 @@ class Ledger:
                 problem = "its contents do not match its hash (edited)"
             elif entry.kind == "charge" and _charge_cost(entry) != entry.cost:
                 problem = "its recorded cost differs from its event tree"
+            elif entry.period is not None and not periods.holds(entry.period, entry.time):
+                problem = f"its budget period {entry.period} does not hold its time"
             if problem:
                 raise LedgerError(
                     f"ledger {str(self.path)!r} fails verification at entry "

@@ -18,13 +18,15 @@ True
 (True, False, True)
 >>> counts("2026-10", None)
 True
+>>> holds("2026-11", "2026-11-30T23:59:59.000000+00:00"), holds("2026", "2027-01-01T00:00:00+00:00")
+(True, False)
 """
 
 from __future__ import annotations
 
 import datetime as dt
 
-__all__ = ["PERIODS", "counts", "label"]
+__all__ = ["PERIODS", "counts", "holds", "label"]
 
 PERIODS = ("month", "year")
 
@@ -45,3 +47,9 @@ def counts(charged_in: str | None, current: str | None) -> bool:
     """Whether a charge labelled ``charged_in`` counts against the caps of period ``current``
     (None: the policy renews nothing, so every charge counts)."""
     return current is None or charged_in is None or charged_in == current
+
+
+def holds(period_label: str, time: str) -> bool:
+    """Whether the period ``period_label`` holds the ISO ``time`` of an entry."""
+    now = dt.datetime.fromisoformat(time)
+    return period_label in (label(kind, now) for kind in PERIODS)

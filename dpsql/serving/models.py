@@ -35,6 +35,9 @@ class QueryRequest(BaseModel):
         None, description="how keys without public keys are released; laplace skips synopses"
     )
     max_answers: int | None = Field(None, description="cut-off of the sparse vector technique")
+    accuracy: float | None = Field(
+        None, description="instead of epsilon: the interval half-width to meet (least epsilon)"
+    )
     dialect: str = Field("duckdb", max_length=32, description="SQL dialect of `sql` (sqlglot's)")
 
     def options(self) -> dict[str, Any]:
@@ -44,6 +47,7 @@ class QueryRequest(BaseModel):
             "delta": self.delta,
             "mechanism": self.mechanism,
             "max_answers": self.max_answers,
+            "accuracy": self.accuracy,
         }
 
 
@@ -68,6 +72,9 @@ class ExplainResponse(BaseModel):
 
     query: str
     plan: dict[str, Any]
+    expected_error: dict[str, float | None] = Field(
+        {}, description="interval half-width of each noisy output (null: depends on the data)"
+    )
     cost: dict[str, float]
     draws_on: list[dict[str, Any]]
 
