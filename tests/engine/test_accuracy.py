@@ -136,11 +136,11 @@ def test_a_twin_that_ignores_the_contribution_bound_misses_the_target(db: Path, 
 
 @pytest.mark.slow
 def test_end_to_end_answers_are_within_the_target_at_the_confidence(db: Path, rng) -> None:
-    """300 accuracy-first queries x 4 groups: |answer - true count| <= 30 in at least 93% of
-    1,200 answers (0.95 less 3 sigma = 0.019)."""
+    """150 accuracy-first queries x 4 groups: |answer - true count| <= 30 in at least 92.3% of
+    600 answers (0.95 less 3 sigma = 0.027; the 40,000-draw test above is the tight one)."""
     hits = []
     with seeded_connect(db, analyst="ann", rng=rng) as session:
-        for _ in range(300):
+        for _ in range(150):
             result = session.execute(COUNT, accuracy=30)
             hits += [abs(n - TRUE[g]) <= 30 for g, n in result.rows]
-    assert np.mean(hits) >= 0.95 - 0.019
+    assert np.mean(hits) >= 0.95 - 0.027
