@@ -175,8 +175,8 @@ class Ledger:
         self.path = Path(path)
         self.dataset = dataset
         self._cache: list[tuple[Charge, str | None]] = []
-        self._totals: dict[tuple[str | None, str | None], Totals] = {}
-        """Running totals per (period label, analyst or None for the dataset)."""
+        self._totals: dict[str | None, dict[str | None, Totals]] = {}
+        """Running totals per analyst (None: the dataset), then per period label."""
         self.clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
         """The time of new entries, and so their budget period (a seam for tests)."""
         self._seen = 0
@@ -315,8 +315,8 @@ class Ledger:
             event = event_from_dict(json.loads(payload))
             charge = _charge(name, Cost(int(e), int(d)), event, partition)
             self._cache.append((charge, period))
-            self._totals.setdefault((period, None), Totals()).add(charge)
-            self._totals.setdefault((period, name), Totals()).add(charge)
+            for who in (None, name):
+                self._totals.setdefault(who, {}).setdefault(period, Totals()).add(charge)
             self._seen = seq
         if analyst is None:
             return self._cache
@@ -329,8 +329,8 @@ class Ledger:
         ``current``."""
         return [
             (period, totals)
-            for (period, who), totals in self._totals.items()
-            if who == analyst and periods.counts(period, current)
+            for period, totals in self._totals.get(analyst, {}).items()
+            if periods.counts(period, current)
         ]
 
     def current_period(self, limits: Limits | None = None) -> str | None:
@@ -358,7 +358,7 @@ class Ledger:
                 basic = basic + totals.total_with(extra)
             else:
                 basic = basic + totals.total()
-        if extra is not None and (current, analyst) not in self._totals:
+        if extra is not None and current not in self._totals.get(analyst, {}):
             basic = basic + extra.cost
         advanced = None
         if limits.advanced_delta is not None:
@@ -517,9 +517,10 @@ class Ledger:
             raise PolicyError(f"analyst {analyst!r} has no allocation in the policy")
         # Partition lines: the charges labelled with this period (or with none, when the caps
         # never renew); the dataset line above also counts unlabelled charges of earlier policies.
+        shown = self._totals.get(None, {}).get(current, Totals())
         lines += [
             BudgetLine("partition", f"{family} = {value!r}", limits.dataset, spent, period=current)
-            for family, value, spent in self._totals.get((current, None), Totals()).per_value()
+            for family, value, spent in shown.per_value()
         ]
         return lines
 
