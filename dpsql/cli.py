@@ -15,6 +15,7 @@ import click
 from dpsql.cli_output import console, db_option, print_csv, print_table
 from dpsql.cli_progress import progress_display, progress_option
 from dpsql.cli_publish import register as register_publish
+from dpsql.cli_report import register as register_report
 from dpsql.cli_serve import register as register_serve
 from dpsql.cli_serve import serve_demo
 from dpsql.engine import contributions as contribution_defaults
@@ -47,6 +48,13 @@ _max_answers = click.option(
     type=int,
     default=None,
     help="Cut-off c of the sparse vector technique (range JOIN with HAVING).",
+)
+_accuracy = click.option(
+    "--accuracy",
+    type=float,
+    default=None,
+    help="Instead of --epsilon: the interval half-width to meet; the least epsilon meeting it "
+    "is charged.",
 )
 _format = click.option(
     "--format",
@@ -102,8 +110,11 @@ def print_budget(report: BudgetReport, output_format: str) -> None:
         "delta_spent",
         "delta_remaining",
     ]
+    period = report.lines[0].period if report.lines else None
+    columns += ["period"] if period is not None else []
     rows = [[getattr(line, c) for c in columns] for line in report.lines]
-    print_listing(report.model_dump(), "Privacy budget", columns, rows, output_format)
+    title = "Privacy budget" + (f" (period {period})" if period is not None else "")
+    print_listing(report.model_dump(), title, columns, rows, output_format)
 
 
 def print_synopses(listed: list[dict[str, Any]], output_format: str) -> None:
@@ -158,6 +169,7 @@ def policy_show(database: str) -> None:
 @click.option("--dialect", default="duckdb", show_default=True, help="SQL dialect of the query.")
 @_mechanism
 @_max_answers
+@_accuracy
 @_format
 @progress_option
 @click.argument("sql")
@@ -169,6 +181,7 @@ def query(
     dialect: str,
     mechanism: str | None,
     max_answers: int | None,
+    accuracy: float | None,
     output_format: str,
     show_progress: bool | None,
     sql: str,
@@ -179,7 +192,12 @@ def query(
         connect(database, analyst=analyst, dialect=dialect, progress=display) as session,
     ):
         result = session.execute(
-            sql, epsilon=epsilon, delta=delta, mechanism=mechanism, max_answers=max_answers
+            sql,
+            epsilon=epsilon,
+            delta=delta,
+            mechanism=mechanism,
+            max_answers=max_answers,
+            accuracy=accuracy,
         )
     print_result(result, output_format)
 
@@ -191,6 +209,7 @@ def query(
 @click.option("--delta", type=float, default=None)
 @_mechanism
 @_max_answers
+@_accuracy
 @click.argument("sql")
 def explain(
     database: str,
@@ -199,12 +218,18 @@ def explain(
     delta: float | None,
     mechanism: str | None,
     max_answers: int | None,
+    accuracy: float | None,
     sql: str,
 ) -> None:
     """Show the plan, sensitivities and cost of SQL without reading data or charging."""
     with connect(database, analyst=analyst) as session:
         report = session.explain(
-            sql, epsilon=epsilon, delta=delta, mechanism=mechanism, max_answers=max_answers
+            sql,
+            epsilon=epsilon,
+            delta=delta,
+            mechanism=mechanism,
+            max_answers=max_answers,
+            accuracy=accuracy,
         )
         click.echo(json.dumps(report, indent=2))
 
@@ -405,6 +430,7 @@ def demo(directory: str, rows: int, then_serve: bool) -> None:
 
 
 register_publish(cli)
+register_report(cli)
 register_serve(cli)
 
 

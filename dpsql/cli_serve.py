@@ -211,7 +211,7 @@ def token_revoke(database: str, token_id: str) -> None:
 
 # Remote analyst commands: the same output as the local ones, through a RemoteSession. ----------
 def _query_options(options: dict[str, Any]) -> dict[str, Any]:
-    return {k: options[k] for k in ("epsilon", "delta", "mechanism", "max_answers")}
+    return {k: options[k] for k in ("epsilon", "delta", "mechanism", "max_answers", "accuracy")}
 
 
 def _remote_query(

@@ -16,12 +16,13 @@ import hashlib
 import json
 import os
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from dpsql.accountant import periods
 from dpsql.accountant.composition import Charge, Spend, advanced_total, leaves
 from dpsql.accountant.events import Event, event_from_dict, event_to_dict, total
 from dpsql.accountant.limits import Limits
@@ -49,7 +50,8 @@ CREATE TABLE IF NOT EXISTS entries (
     delta_units INTEGER NOT NULL,
     prev_hash TEXT NOT NULL,
     hash TEXT NOT NULL,
-    actor TEXT
+    actor TEXT,
+    period TEXT
 )"""
 _TRIGGERS = (
     """CREATE TRIGGER IF NOT EXISTS entries_no_update BEFORE UPDATE ON entries
@@ -79,6 +81,7 @@ _COLUMNS = (
     "prev_hash",
     "hash",
     "actor",
+    "period",
 )
 
 
@@ -118,6 +121,9 @@ class LedgerEntry:
     actor: str | None = None
     """JSON of who acted (``{"os_user": ...}``, plus what the service adds); None in entries
     written before it was recorded, which then hash exactly as they did."""
+    period: str | None = None
+    """The budget period a charge counts in (e.g. "2026-11") when the policy renews its caps;
+    None otherwise, and in entries written before periods existed (which hash as they did)."""
 
     @property
     def cost(self) -> Cost:
@@ -128,7 +134,7 @@ class LedgerEntry:
         fields = {
             k: v
             for k, v in asdict(self).items()
-            if k != "hash" and not (k == "actor" and v is None)
+            if k != "hash" and not (k in ("actor", "period") and v is None)
         }
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
 
@@ -156,6 +162,8 @@ class BudgetLine:
     cap: Cost
     spent: Cost
     rule: str = "basic"
+    period: str | None = None
+    """The budget period ``spent`` covers (e.g. "2026-11"); None when the caps never renew."""
 
     @property
     def remaining(self) -> Cost:
@@ -171,8 +179,12 @@ class Ledger:
     def __init__(self, path: str | Path, *, dataset: str):
         self.path = Path(path)
         self.dataset = dataset
-        self._cache: dict[str | None, list[Charge]] = {None: []}
-        self._totals: dict[str | None, Totals] = {None: Totals()}
+        self._cache: dict[str | None, list[tuple[Charge, str | None]]] = {None: []}
+        """Charges with their period labels: every one (None) and each analyst's."""
+        self._totals: dict[str | None, dict[str | None, Totals]] = {}
+        """Running totals per analyst (None: the dataset), then per period label."""
+        self.clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
+        """The time of new entries, and so their budget period (a seam for tests)."""
         self._seen = 0
         self.actor: dict[str, Any] | None = None
         """Who acts through this ledger, when not the default ``current_actor()``: the seam
@@ -183,8 +195,9 @@ class Ledger:
             self._connection.execute("PRAGMA synchronous=FULL")
             self._connection.executescript(_SCHEMA)
             columns = {row[1] for row in self._connection.execute("PRAGMA table_info(entries)")}
-            if "actor" not in columns:
-                self._connection.execute("ALTER TABLE entries ADD COLUMN actor TEXT")
+            for added in ("actor", "period"):
+                if added not in columns:
+                    self._connection.execute(f"ALTER TABLE entries ADD COLUMN {added} TEXT")
         except sqlite3.DatabaseError as error:
             raise LedgerError(
                 f"ledger {str(self.path)!r} is unreadable ({error}); "
@@ -242,6 +255,8 @@ class Ledger:
                 problem = "its contents do not match its hash (edited)"
             elif entry.kind == "charge" and _charge_cost(entry) != entry.cost:
                 problem = "its recorded cost differs from its event tree"
+            elif entry.period is not None and not periods.holds(entry.period, entry.time):
+                problem = f"its budget period {entry.period} does not hold its time"
             if problem:
                 raise LedgerError(
                     f"ledger {str(self.path)!r} fails verification at entry "
@@ -250,12 +265,14 @@ class Ledger:
             previous, expected_seq = entry.hash, expected_seq + 1
         return len(entries)
 
-    def _append(self, connection: sqlite3.Connection, **fields: Any) -> LedgerEntry:
+    def _append(
+        self, connection: sqlite3.Connection, now: dt.datetime | None = None, **fields: Any
+    ) -> LedgerEntry:
         last = connection.execute(
             "SELECT seq, hash FROM entries ORDER BY seq DESC LIMIT 1"
         ).fetchone()
         seq, previous = (last[0] + 1, last[1]) if last else (1, _GENESIS)
-        time = dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
+        time = (now or self.clock()).isoformat(timespec="microseconds")
         actor = json.dumps(self.actor or current_actor(), sort_keys=True)
         draft = LedgerEntry(
             seq=seq,
@@ -289,23 +306,42 @@ class Ledger:
             )
         return Limits.from_dict(payload["limits"])
 
-    def _charges(self, connection: sqlite3.Connection, analyst: str | None = None) -> list[Charge]:
-        """Every charge (of ``analyst``), parsed once and cached; only new entries are read, and
-        each new entry updates the running totals of the dataset and its analyst."""
+    def _charges(
+        self, connection: sqlite3.Connection, analyst: str | None = None
+    ) -> list[tuple[Charge, str | None]]:
+        """Every charge (of ``analyst``) with its period label, parsed once and cached; only new
+        entries are read, and each updates the running totals of the dataset and its analyst in
+        its period."""
         rows = connection.execute(
-            "SELECT seq, analyst, epsilon_units, delta_units, payload, partition FROM entries "
-            "WHERE kind = 'charge' AND seq > ? ORDER BY seq",
+            "SELECT seq, analyst, epsilon_units, delta_units, payload, partition, period "
+            "FROM entries WHERE kind = 'charge' AND seq > ? ORDER BY seq",
             (self._seen,),
         ).fetchall()
-        for seq, name, e, d, payload, partition in rows:
+        for seq, name, e, d, payload, partition, period in rows:
             event = event_from_dict(json.loads(payload))
             charge = _charge(name, Cost(int(e), int(d)), event, partition)
-            self._cache[None].append(charge)
-            self._cache.setdefault(name, []).append(charge)
-            self._totals[None].add(charge)
-            self._totals.setdefault(name, Totals()).add(charge)
+            self._cache[None].append((charge, period))
+            self._cache.setdefault(name, []).append((charge, period))
+            for who in (None, name):
+                self._totals.setdefault(who, {}).setdefault(period, Totals()).add(charge)
             self._seen = seq
         return self._cache.setdefault(analyst, [])
+
+    def _in_period(
+        self, analyst: str | None, current: str | None
+    ) -> list[tuple[str | None, Totals]]:
+        """The running totals of ``analyst`` (None: the dataset) that count in period
+        ``current``."""
+        return [
+            (period, totals)
+            for period, totals in self._totals.get(analyst, {}).items()
+            if periods.counts(period, current)
+        ]
+
+    def current_period(self, limits: Limits | None = None) -> str | None:
+        """The label of the budget period now (None when the policy renews nothing)."""
+        limits = limits if limits is not None else self._limits(self._connection)
+        return periods.label(limits.period, self.clock())
 
     def _spend(
         self,
@@ -313,15 +349,28 @@ class Ledger:
         limits: Limits,
         analyst: str | None = None,
         extra: Charge | None = None,
+        now: dt.datetime | None = None,
     ) -> Spend:
-        """Spent budget of the dataset (or ``analyst``), with ``extra`` added if given. Basic
-        totals come from the running totals (O(values ``extra`` touches)); the advanced bound,
-        when enabled, is recomputed over every step."""
-        charges = self._charges(connection, analyst)
-        totals = self._totals.setdefault(analyst, Totals())
-        basic = totals.total() if extra is None else totals.total_with(extra)
+        """Spent budget of the dataset (or ``analyst``) in the period holding ``now`` (default:
+        the clock), with ``extra`` added if given. Basic totals come from the running totals
+        (O(values ``extra`` touches) plus one step per period); the advanced bound, when
+        enabled, is recomputed over every step of the period."""
+        current = periods.label(limits.period, now or self.clock())
+        charges = self._charges(connection, analyst)  # also brings the running totals up to date
+        basic = Cost()
+        for period, totals in self._in_period(analyst, current):
+            if extra is not None and period == current:
+                basic = basic + totals.total_with(extra)
+            else:
+                basic = basic + totals.total()
+        if extra is not None and current not in self._totals.get(analyst, {}):
+            basic = basic + extra.cost
         advanced = zcdp = None
-        steps = [*charges, extra] if extra is not None else charges
+        if limits.advanced_delta is None and limits.zcdp_delta is None:
+            return Spend(basic, advanced, zcdp)  # no pass over every step of the period
+        steps = [c for c, period in charges if periods.counts(period, current)]
+        if extra is not None:
+            steps = [*steps, extra]
         if limits.advanced_delta is not None:
             advanced = advanced_total(steps, limits.advanced_delta)
         if limits.zcdp_delta is not None:
@@ -413,6 +462,8 @@ class Ledger:
         new = _charge(analyst, cost, event, stored)
         with self._transaction() as connection:
             limits = self._limits(connection)
+            now = self.clock()
+            current = periods.label(limits.period, now)
             allocation = limits.analysts.get(analyst)
             if allocation is None:
                 raise PolicyError(f"analyst {analyst!r} has no allocation in the policy")
@@ -421,11 +472,17 @@ class Ledger:
                 (f"analyst {analyst!r} allocation", analyst, allocation),
             )
             for name, scope, cap in checks:
-                if not self._spend(connection, limits, scope, new).fits_within(cap):
-                    spent = self._spend(connection, limits, scope).best
+                if not self._spend(connection, limits, scope, new, now).fits_within(cap):
+                    spent = self._spend(connection, limits, scope, now=now).best
                     where = ""
                     if partition is not None:
-                        spent = self._totals.setdefault(scope, Totals()).at(*partition)
+                        spent = sum(
+                            (
+                                totals.at(*partition) if period == current else totals.total()
+                                for period, totals in self._in_period(scope, current)
+                            ),
+                            Cost(),
+                        )
                         column = partition[0].split(".", 1)[-1]
                         shown = ", ".join(sorted(set(partition[1]))[:5])
                         more = ", ..." if len(set(partition[1])) > 5 else ""
@@ -435,12 +492,14 @@ class Ledger:
                         f"budget exceeded: the query needs epsilon={cost.epsilon:.10g}, "
                         f"delta={cost.delta:.10g} but the {name} has epsilon="
                         f"{remaining.epsilon:.10g}, delta={remaining.delta:.10g} remaining"
-                        f"{where} ({_why_refused(cost, remaining)})",
+                        f"{where}{_in(current)} ({_why_refused(cost, remaining)})",
                         requested={"epsilon": cost.epsilon, "delta": cost.delta},
                         remaining={"epsilon": remaining.epsilon, "delta": remaining.delta},
                     )
             return self._append(
                 connection,
+                now,
+                period=current,
                 kind="charge",
                 analyst=analyst,
                 query=query,
@@ -457,17 +516,28 @@ class Ledger:
         people of each partition value that a partitioned charge touched."""
         connection = self._connection
         limits = self._limits(connection)
-        dataset = self._spend(connection, limits)
-        lines = [BudgetLine("dataset", self.dataset, limits.dataset, dataset.best, dataset.rule)]
+        now = self.clock()
+        current = periods.label(limits.period, now)
+        dataset = self._spend(connection, limits, now=now)
+        lines = [
+            BudgetLine(
+                "dataset", self.dataset, limits.dataset, dataset.best, dataset.rule, current
+            )
+        ]
         for name, allocation in sorted(limits.analysts.items()):
             if analyst is None or name == analyst:
-                used = self._spend(connection, limits, name)
-                lines.append(BudgetLine("analyst", name, allocation, used.best, used.rule))
+                used = self._spend(connection, limits, name, now=now)
+                lines.append(
+                    BudgetLine("analyst", name, allocation, used.best, used.rule, current)
+                )
         if analyst is not None and len(lines) == 1:
             raise PolicyError(f"analyst {analyst!r} has no allocation in the policy")
+        # Partition lines: the charges labelled with this period (or with none, when the caps
+        # never renew); the dataset line above also counts unlabelled charges of earlier policies.
+        shown = self._totals.get(None, {}).get(current, Totals())
         lines += [
-            BudgetLine("partition", f"{family} = {value!r}", limits.dataset, spent)
-            for family, value, spent in self._totals[None].per_value()
+            BudgetLine("partition", f"{family} = {value!r}", limits.dataset, spent, period=current)
+            for family, value, spent in shown.per_value()
         ]
         return lines
 
@@ -489,6 +559,10 @@ def _allow_token_entries(connection: sqlite3.Connection) -> None:
     for trigger in _TRIGGERS:
         connection.execute(trigger)
     connection.execute(_INDEX)
+
+
+def _in(period: str | None) -> str:
+    return "" if period is None else f" in budget period {period}"
 
 
 def _why_refused(cost: Cost, remaining: Cost) -> str:

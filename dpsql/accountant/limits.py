@@ -20,6 +20,8 @@ class Limits:
     """δ′ of advanced composition when the policy enables it (see ``composition``)."""
     zcdp_delta: float | None = None
     """δ′ of the zCDP-to-(ε, δ) conversion when the policy enables zCDP (see ``zcdp``)."""
+    period: str | None = None
+    """"month" or "year" when the caps renew each calendar period (``dpsql.accountant.periods``)."""
 
     def to_dict(self) -> dict[str, Any]:
         document = {
@@ -29,8 +31,11 @@ class Limits:
                 name: [c.epsilon_units, c.delta_units] for name, c in sorted(self.analysts.items())
             },
         }
-        if self.zcdp_delta is not None:  # older documents stay byte for byte the same
+        # Older documents stay byte for byte the same: new keys only when set.
+        if self.zcdp_delta is not None:
             document["zcdp_delta"] = self.zcdp_delta
+        if self.period is not None:
+            document["period"] = self.period
         return document
 
     @classmethod
@@ -39,5 +44,6 @@ class Limits:
             Cost(*data["dataset"]),
             {name: Cost(*units) for name, units in data["analysts"].items()},
             data.get("advanced_delta"),
-            data.get("zcdp_delta"),
+            zcdp_delta=data.get("zcdp_delta"),
+            period=data.get("period"),
         )

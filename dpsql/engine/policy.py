@@ -106,6 +106,11 @@ class DatasetPolicy(_Frozen):
         description="cap on DuckDB's memory (e.g. '6GB'); larger work spills to disk. Set by the "
         "administrator for the whole table, never by an analyst per query",
     )
+    period: Literal["none", "month", "year"] = Field(
+        default="none",
+        description="renew the caps every calendar month or year (UTC): a policy decision, not "
+        "a lifetime guarantee per person (exposure adds up over periods)",
+    )
     share_synopses: bool = Field(
         default=False,
         description="whether a synopsis one analyst paid for answers every analyst (false: only "

@@ -159,6 +159,8 @@ class BudgetStatus(BaseModel):
     epsilon_remaining: float
     delta_remaining: float
     rule: str = "basic"
+    period: str | None = None
+    """The budget period the line covers (e.g. "2026-11"); None when the caps never renew."""
 
 
 class BudgetReport(BaseModel):

@@ -19,6 +19,13 @@ from dpsql.accountant.events import Event, PostProcessingEvent, total
 from dpsql.accountant.ledger import Ledger, LedgerEntry
 from dpsql.accountant.limits import Limits
 from dpsql.accountant.units import Cost, check_budget_value
+from dpsql.engine.accuracy import (
+    accuracy_details,
+    accuracy_target,
+    least_epsilon,
+    output_errors,
+    with_confidence,
+)
 from dpsql.engine.answers import ALP_ROWS_PER_KEY, key_answer, laplace_answer, range_answer
 from dpsql.engine.backends import Backend, DuckDBBackend
 from dpsql.engine.contributions import contribution_answer, plan_contributions
@@ -104,7 +111,8 @@ def _limits(policy: Policy) -> Limits:
         Cost.cap(policy.dataset.epsilon, policy.dataset.delta),
         {name: Cost.cap(a.epsilon, a.delta) for name, a in policy.analysts.items()},
         advanced,
-        zcdp,
+        zcdp_delta=zcdp,
+        period=None if policy.dataset.period == "none" else policy.dataset.period,
     )
 
 
@@ -285,6 +293,7 @@ class Session:
         mechanism: str | None = None,
         shaped: tuple[BoundShape, str] | None = None,
         max_answers: int | None = None,
+        accuracy: float | None = None,
     ) -> tuple[QueryPlan, str]:
         bound, normalized = shaped if shaped is not None else self._shape(sql)
         shape = bound.shape
@@ -297,12 +306,13 @@ class Session:
                     f"{name} is given both in OPTIONS ({options[name]}) and as "
                     f"an argument ({given}); give it once"
                 )
+        target = accuracy_target(accuracy, options, epsilon)
         epsilon = (
             epsilon
-            if epsilon is not None
+            if epsilon is not None or target is not None
             else options.get("epsilon", self.policy.dataset.default_query_epsilon)
         )
-        if epsilon is None:
+        if epsilon is None and target is None:
             raise ParameterError(
                 "no epsilon given: pass epsilon=..., use "
                 "WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=...), or set "
@@ -313,19 +323,34 @@ class Session:
             if delta is not None
             else options.get("delta", self.policy.dataset.default_query_delta)
         )
-        epsilon = check_budget_value("epsilon", epsilon, allow_zero=False)
         delta = check_budget_value("delta", delta, allow_zero=True)
-        plan = plan_query(
-            shape,
-            self.policy,
-            epsilon=epsilon,
-            delta=delta,
-            mechanism=mechanism,
-            max_answers=max_answers,
-            keys=self._keys(shape),
-            partition=bound.partition,
-        )
-        return plan, normalized
+        plan_at = self._planner(bound, delta, mechanism, max_answers)
+        if target is not None:
+            ceiling = min(self.policy.dataset.epsilon, self.policy.analysts[self.analyst].epsilon)
+            return least_epsilon(plan_at, target, ceiling=ceiling), normalized
+        return plan_at(check_budget_value("epsilon", epsilon, allow_zero=False)), normalized
+
+    def _planner(
+        self, bound: BoundShape, delta: float, mechanism: str | None, max_answers: int | None
+    ) -> Callable[[float], QueryPlan]:
+        """Plans of a bound query at any epsilon, with the policy's (or ``OPTIONS``')
+        confidence; public keys are converted once. Reads no data."""
+        policy = with_confidence(self.policy, bound.shape.options)
+        keys = self._keys(bound.shape)
+
+        def plan_at(epsilon: float) -> QueryPlan:
+            return plan_query(
+                bound.shape,
+                policy,
+                epsilon=epsilon,
+                delta=delta,
+                mechanism=mechanism,
+                max_answers=max_answers,
+                keys=keys,
+                partition=bound.partition,
+            )
+
+        return plan_at
 
     def explain(
         self,
@@ -335,10 +360,13 @@ class Session:
         delta: float | None = None,
         mechanism: str | None = None,
         max_answers: int | None = None,
+        accuracy: float | None = None,
     ) -> dict[str, Any]:
-        """Plan, mechanism, sensitivities and cost of ``sql``, without reading data or charging."""
+        """Plan, mechanism, sensitivities, expected error and cost of ``sql``, without reading
+        data or charging. With ``accuracy`` (or ``OPTIONS(accuracy=...)``), the least epsilon
+        meeting it."""
         shaped = self._shape(sql)
-        synopsis = self._synopsis_for(shaped[0].shape, mechanism)
+        synopsis = self._synopsis_for(shaped[0].shape, mechanism, accuracy)
         if synopsis is not None:
             return {
                 "query": shaped[1],
@@ -346,12 +374,15 @@ class Session:
                 "cost": {"epsilon": 0.0, "delta": 0.0},
                 "draws_on": [],
             }
-        plan, normalized = self._plan(sql, epsilon, delta, mechanism, shaped, max_answers)
+        plan, normalized = self._plan(
+            sql, epsilon, delta, mechanism, shaped, max_answers, accuracy
+        )
         cost = total(plan.event)
         status = self.budget()
         return {
             "query": normalized,
-            "plan": plan.summary() | explained(plan.shape),
+            "plan": self._summary(plan, shaped[0].shape, accuracy) | explained(plan.shape),
+            "expected_error": output_errors(plan),
             "cost": {"epsilon": cost.epsilon, "delta": cost.delta},
             "draws_on": [
                 status.dataset.model_dump(),
@@ -368,24 +399,30 @@ class Session:
         delta: float | None = None,
         mechanism: str | None = None,
         max_answers: int | None = None,
+        accuracy: float | None = None,
     ) -> QueryResult:
         """Answer ``sql`` with differential privacy, charging the analyst's budget first.
 
         ``mechanism`` ("laplace", "threshold", "alp") chooses how keys of a GROUP BY column without
         public keys are released. A point count that a stored synopsis covers is answered from it,
-        for free, unless ``mechanism="laplace"`` asks for fresh noise.
+        for free, unless ``mechanism="laplace"`` asks for fresh noise. ``accuracy`` (or
+        ``OPTIONS(accuracy=..., confidence=...)``) replaces epsilon: the least epsilon whose
+        intervals are at most ±accuracy wide is charged (``details["accuracy"]``).
         """
         shaped = self._shape(sql)
-        synopsis = self._synopsis_for(shaped[0].shape, mechanism)
+        synopsis = self._synopsis_for(shaped[0].shape, mechanism, accuracy)
         if synopsis is not None:
             return self._from_synopsis(synopsis, (shaped[0].shape, shaped[1]))
-        plan, normalized = self._plan(sql, epsilon, delta, mechanism, shaped, max_answers)
+        plan, normalized = self._plan(
+            sql, epsilon, delta, mechanism, shaped, max_answers, accuracy
+        )
         plan = with_key_hash_seed(plan, self.rng)
+        summary = self._summary(plan, shaped[0].shape, accuracy)
         entry = self._ledger.charge(
             analyst=self.analyst,
             event=plan.event,
             query=normalized,
-            plan=plan.summary(),
+            plan=summary,
             mechanism=plan.mechanism,
             partition=plan.partition,
         )
@@ -393,9 +430,22 @@ class Session:
 
         def answer() -> QueryResult:
             released = self._answer(plan, entry)
+            if "accuracy" in summary:
+                details = {**released.details, "accuracy": summary["accuracy"]}
+                released = released.model_copy(update={"details": details})
             return self._kept(released if post is None else post_processed(released, post))
 
         return _after_charge(answer)
+
+    def _summary(
+        self, plan: QueryPlan, shape: QueryShape, accuracy: float | None
+    ) -> dict[str, Any]:
+        """The plan as EXPLAIN and the ledger show it, with the accuracy target when one chose
+        the epsilon."""
+        target = accuracy_target(accuracy, shape.options, None)
+        if target is None:
+            return plan.summary()
+        return {**plan.summary(), "accuracy": accuracy_details(plan, target)}
 
     def _kept(self, result: QueryResult) -> QueryResult:
         """Store a released answer under its ledger entry (``dpsql result N``), return it."""
@@ -605,10 +655,12 @@ class Session:
         return [s.describe() for s in self._synopsis_store.all(self._synopsis_owner())]
 
     def _synopsis_for(
-        self, shape: QueryShape, mechanism: str | None
+        self, shape: QueryShape, mechanism: str | None, accuracy: float | None = None
     ) -> tuple[Synopsis, PointQuery] | None:
         if (mechanism or shape.options.get("mechanism")) == "laplace" or shape.post is not None:
             return None
+        if accuracy is not None or "accuracy" in shape.options:
+            return None  # a synopsis's error is its own: an accuracy target asks for fresh noise
         readings = point_queries(shape)
         if not readings:
             return None
@@ -736,6 +788,7 @@ def budget_report(ledger: Ledger, analyst: str | None = None) -> BudgetReport:
                 epsilon_remaining=line.remaining.epsilon,
                 delta_remaining=line.remaining.delta,
                 rule=line.rule,
+                period=line.period,
             )
             for line in ledger.budget(analyst)
         ]

@@ -96,10 +96,16 @@ class RemoteSession:
         delta: float | None = None,
         mechanism: str | None = None,
         max_answers: int | None = None,
+        accuracy: float | None = None,
     ) -> QueryResult:
         """Answer ``sql`` on the service, charging the token's analyst first."""
         body = self._request(
-            sql, epsilon=epsilon, delta=delta, mechanism=mechanism, max_answers=max_answers
+            sql,
+            epsilon=epsilon,
+            delta=delta,
+            mechanism=mechanism,
+            max_answers=max_answers,
+            accuracy=accuracy,
         )
         return QueryResult.from_dict(self._call("POST", "/v1/query", body))
 
@@ -111,10 +117,16 @@ class RemoteSession:
         delta: float | None = None,
         mechanism: str | None = None,
         max_answers: int | None = None,
+        accuracy: float | None = None,
     ) -> dict[str, Any]:
         """Plan and cost of ``sql``, without reading data or charging."""
         body = self._request(
-            sql, epsilon=epsilon, delta=delta, mechanism=mechanism, max_answers=max_answers
+            sql,
+            epsilon=epsilon,
+            delta=delta,
+            mechanism=mechanism,
+            max_answers=max_answers,
+            accuracy=accuracy,
         )
         return self._call("POST", "/v1/explain", body)
 

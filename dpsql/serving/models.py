@@ -38,6 +38,9 @@ class QueryRequest(BaseModel):
         | None
     ) = Field(None, description="how keys without public keys are released; laplace skips synopses")
     max_answers: int | None = Field(None, description="cut-off of the sparse vector technique")
+    accuracy: float | None = Field(
+        None, description="instead of epsilon: the interval half-width to meet (least epsilon)"
+    )
     dialect: str = Field("duckdb", max_length=32, description="SQL dialect of `sql` (sqlglot's)")
 
     def options(self) -> dict[str, Any]:
@@ -47,6 +50,7 @@ class QueryRequest(BaseModel):
             "delta": self.delta,
             "mechanism": self.mechanism,
             "max_answers": self.max_answers,
+            "accuracy": self.accuracy,
         }
 
 
@@ -71,6 +75,9 @@ class ExplainResponse(BaseModel):
 
     query: str
     plan: dict[str, Any]
+    expected_error: dict[str, float | None] = Field(
+        {}, description="interval half-width of each noisy output (null: depends on the data)"
+    )
     cost: dict[str, float]
     draws_on: list[dict[str, Any]]
 

@@ -36,6 +36,8 @@ OPTION_TYPES: Mapping[str, type] = {
     "mechanism": str,
     "max_answers": float,
     "selection_share": float,
+    "accuracy": float,
+    "confidence": float,
 }
 """Options accepted in ``WITH DIFFERENTIAL_PRIVACY OPTIONS(...)``, with their types."""
 

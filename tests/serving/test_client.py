@@ -151,3 +151,12 @@ def test_cli_remote_errors_are_one_line(server: Server) -> None:
         "ledger", "--analyst", "bob", DPSQL_URL=server.url, DPSQL_TOKEN=server.alice
     )
     assert impersonating.returncode == 2 and "from the token" in impersonating.stderr
+
+
+def test_accuracy_first_queries_go_through_the_service(server: Server) -> None:
+    with dpsql.connect(server.url, token=server.alice) as db:
+        shown = db.explain(COUNT, accuracy=80)
+        result = db.execute(COUNT, accuracy=80)
+    assert shown["plan"]["accuracy"]["target"] == 80
+    assert result.epsilon == shown["cost"]["epsilon"]
+    assert result.details["accuracy"]["expected_error"] == shown["expected_error"]

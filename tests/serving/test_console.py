@@ -5,27 +5,15 @@ Skipped, with the reason, where Chromium or Playwright is missing; nothing is do
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 
 import pytest
 
+from tests.browser import ARGS, CHROMIUM, skip_without_chromium
 from tests.serving.conftest import Server
 
-CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed")
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None, reason="Chromium is not installed (Debian: apt-get install chromium)"
-)
-ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+pytestmark = skip_without_chromium
 
 
 @pytest.fixture(scope="module")

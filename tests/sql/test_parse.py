@@ -43,7 +43,15 @@ def test_options_are_floats_even_when_written_as_integers_or_strings() -> None:
     parsed = parse(f"{DP}(epsilon=2, delta='1e-7') COUNT(*) FROM t")
     assert parsed.options == {"epsilon": 2.0, "delta": 1e-7}
     assert all(type(value) is float for value in parsed.options.values())
-    assert set(OPTION_TYPES) == {"epsilon", "delta", "mechanism", "max_answers", "selection_share"}
+    assert set(OPTION_TYPES) == {
+        "epsilon",
+        "delta",
+        "mechanism",
+        "max_answers",
+        "selection_share",
+        "accuracy",
+        "confidence",
+    }
     assert parse(f"{DP}(mechanism='alp') COUNT(*) FROM t").options == {"mechanism": "alp"}
 
 
@@ -159,7 +167,7 @@ def test_unknown_option_is_rejected_with_its_position() -> None:
     with pytest.raises(UnsupportedQueryError, match="unknown differential privacy") as caught:
         parse(sql)
     assert "'max_groups_contributed'" in str(caught.value)
-    assert "known: delta, epsilon" in str(caught.value)
+    assert "known: accuracy, confidence, delta, epsilon" in str(caught.value)
     assert _position(caught.value) == _at(sql, "max_groups") == (1, 53)
 
 
