@@ -17,6 +17,7 @@ from dpsql.cli_progress import progress_display, progress_option
 from dpsql.cli_publish import register as register_publish
 from dpsql.cli_serve import register as register_serve
 from dpsql.cli_serve import serve_demo
+from dpsql.cli_streams import register as register_streams
 from dpsql.engine import contributions as contribution_defaults
 from dpsql.engine import demo as demo_data
 from dpsql.engine.results import LEDGER_COLUMNS, BudgetReport, QueryResult
@@ -403,6 +404,7 @@ def demo(directory: str, rows: int, then_serve: bool) -> None:
 
 register_publish(cli)
 register_serve(cli)
+register_streams(cli)
 
 
 def main(argv: list[str] | None = None) -> int:

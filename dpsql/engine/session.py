@@ -40,6 +40,8 @@ from dpsql.engine.progress import (
 )
 from dpsql.engine.results import BudgetReport, BudgetStatus, QueryResult
 from dpsql.engine.stored_results import ResultStore
+from dpsql.engine.stream_desk import StreamDesk, list_streams
+from dpsql.engine.streams import DEFAULT_EXPECTED_QUERIES, StreamStore
 from dpsql.engine.synopses import (
     PointQuery,
     Synopsis,
@@ -207,6 +209,7 @@ class Session:
         # not once per query.
         self._results = ResultStore(ledger_path(database))
         self._synopsis_store = SynopsisStore(ledger_path(database))
+        self._streams = StreamDesk(self, StreamStore(ledger_path(database)))
 
     def _load_policy(self) -> Policy:
         document = self._ledger.policy()
@@ -227,6 +230,7 @@ class Session:
         self.backend.close()
         self._results.close()
         self._synopsis_store.close()
+        self._streams.close()
         self._ledger.close()
 
     # planning -----------------------------------------------------------------------------------
@@ -340,6 +344,9 @@ class Session:
                 "cost": {"epsilon": 0.0, "delta": 0.0},
                 "draws_on": [],
             }
+        stream = self._streams.route(shaped[0].shape, mechanism)
+        if stream is not None:
+            return self._streams.explain(stream, shaped[1])
         plan, normalized = self._plan(sql, epsilon, delta, mechanism, shaped, max_answers)
         cost = total(plan.event)
         status = self.budget()
@@ -373,6 +380,9 @@ class Session:
         synopsis = self._synopsis_for(shaped[0].shape, mechanism)
         if synopsis is not None:
             return self._from_synopsis(synopsis, (shaped[0].shape, shaped[1]))
+        stream = self._streams.route(shaped[0].shape, mechanism)
+        if stream is not None:
+            return self._kept(self._streams.answer(stream, shaped[0].shape, shaped[1]))
         plan, normalized = self._plan(sql, epsilon, delta, mechanism, shaped, max_answers)
         entry = self._ledger.charge(
             analyst=self.analyst,
@@ -383,6 +393,36 @@ class Session:
             partition=plan.partition,
         )
         return _after_charge(lambda: self._kept(self._answer(plan, entry)))
+
+    def open_stream(
+        self,
+        table: str,
+        columns: Sequence[tuple[str, int]],
+        *,
+        epsilon: float,
+        mechanism: str = "pmw",
+        delta: float = 0.0,
+        updates: int | None = None,
+        threshold: float | None = None,
+        expected_queries: int = DEFAULT_EXPECTED_QUERIES,
+        name: str | None = None,
+    ) -> dict[str, Any]:
+        """Open a query stream over ``table``'s bounded integer ``columns`` (``(name, bin
+        width)`` pairs), charging ``(epsilon, delta)`` once; later COUNT queries whose WHERE
+        uses only those columns are answered from it (``dpsql.engine.streams``)."""
+        plan = self._streams.plan(
+            table,
+            list(columns),
+            mechanism=mechanism,
+            epsilon=epsilon,
+            delta=delta,
+            updates=updates,
+            threshold=threshold,
+            expected_queries=expected_queries,
+            name=name,
+        )
+        entry = self._streams.charge(plan)
+        return _after_charge(lambda: self._streams.build(plan, entry))  # type: ignore[arg-type,return-value]
 
     def _kept(self, result: QueryResult) -> QueryResult:
         """Store a released answer under its ledger entry (``dpsql result N``), return it."""
@@ -588,7 +628,8 @@ class Session:
 
     def synopses(self) -> list[dict[str, Any]]:
         """The stored synopses this analyst may use (parameters only, never the bytes)."""
-        return [s.describe() for s in self._synopsis_store.all(self._synopsis_owner())]
+        listed = [s.describe() for s in self._synopsis_store.all(self._synopsis_owner())]
+        return listed + self._streams.listing()
 
     def _synopsis_for(
         self, shape: QueryShape, mechanism: str | None
@@ -780,10 +821,13 @@ def database_synopses(database: str | Path, analyst: str | None = None) -> list[
         ledger.close()
     shared = document is not None and Policy.model_validate(document).dataset.share_synopses
     store = SynopsisStore(ledger_path(database))
+    streams = StreamStore(ledger_path(database))
     try:
-        return [s.describe() for s in store.all(None if shared else analyst)]
+        owner = None if shared else analyst
+        return [s.describe() for s in store.all(owner)] + list_streams(streams, owner)
     finally:
         store.close()
+        streams.close()
 
 
 def connect(

@@ -119,7 +119,9 @@ class HierarchicalHistogram:
         return len(self.noisy) - 1
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_prefix", np.concatenate([[0.0], np.cumsum(self.consistent())]))
+        leaves = self.consistent()
+        object.__setattr__(self, "_leaves", leaves)
+        object.__setattr__(self, "_prefix", np.concatenate([[0.0], np.cumsum(leaves)]))
 
     # --- consistency (Hay et al. 2010) -----------------------------------------------------------
     def _coefficients(self, level: int) -> tuple[float, float]:
@@ -143,10 +145,14 @@ class HierarchicalHistogram:
 
     def weights(self, lo: int, hi: int) -> list[np.ndarray]:
         """``∂ answer(lo, hi) / ∂ noisy[level]`` for each level: the adjoint of the two passes."""
+        lo, hi = self._range(lo, hi)
+        indicator = np.zeros(self.noisy[0].size)
+        indicator[lo:hi] = 1.0
+        return self._adjoint(indicator)
+
+    def _adjoint(self, grad: np.ndarray) -> list[np.ndarray]:
+        """Weights on every noisy count of the answer ``grad · consistent()``."""
         b = self.branching
-        leaf_count = self.noisy[0].size
-        grad = np.zeros(leaf_count)
-        grad[lo:hi] = 1.0
         grad_z = []
         for _level in range(self.height):
             pooled = _sums(grad, b)
@@ -179,12 +185,27 @@ class HierarchicalHistogram:
     def half_width(self, lo: int, hi: int, confidence: float = 0.95) -> float:
         """``u`` with ``P(|estimate − true| >= u) <= 1 − confidence`` (exact Chernoff bound)."""
         lo, hi = self._range(lo, hi)
+        return self._half_width(self.weights(lo, hi), confidence)
+
+    def answer_cells(self, selected: np.ndarray, confidence: float = 0.95) -> RangeAnswer:
+        """The count of the cells where ``selected`` (a boolean vector over the cells) is true,
+        e.g. a union of ranges, with its interval (the weights add up)."""
+        mask = np.asarray(selected)
+        if mask.dtype != np.bool_ or mask.shape != (self.cells,):
+            raise ParameterError(f"selected must be a boolean vector over the {self.cells} cells")
+        indicator = np.zeros(self.noisy[0].size)
+        indicator[: self.cells] = mask
+        value = float(self._leaves[: self.cells][mask].sum())  # type: ignore[attr-defined]
+        width = self._half_width(self._adjoint(indicator), confidence)
+        return RangeAnswer(value, value - width, value + width, confidence)
+
+    def _half_width(self, weights: list[np.ndarray], confidence: float) -> float:
         if not 0.0 < confidence < 1.0:
             raise ParameterError(f"confidence must be strictly between 0 and 1, got {confidence}")
-        if lo == hi:
-            return 0.0
-        magnitudes = np.abs(np.concatenate(self.weights(lo, hi)))
+        magnitudes = np.abs(np.concatenate(weights))
         magnitudes = magnitudes[magnitudes > 1e-300]
+        if magnitudes.size == 0:
+            return 0.0
         buckets = np.ceil(np.log(magnitudes) / _WEIGHT_GRID).astype(np.int64)
         low = int(buckets.min())
         counts = np.bincount(buckets - low)

@@ -211,14 +211,9 @@ class OnlinePMW:
             self._n_hat = max(-_EXACT_FLOAT_LIMIT, min(_EXACT_FLOAT_LIMIT, total + noise))
             self._log_weights = np.zeros(self._histogram.size)
             self._measurements: list[tuple[np.ndarray, float]] = []
+            self._distribution = self._normalised()
         else:
-            if state.log_weights.shape != self._histogram.shape:
-                raise ParameterError("stream state does not match the domain size")
-            self._n_hat = int(state.n_hat)
-            self._log_weights = state.log_weights.copy()
-            self._measurements = list(state.measurements)
-            self._sparse.restore(state.sparse)
-        self._distribution = self._normalised()
+            self.load_state(state)
 
     # --- public analysis ------------------------------------------------------------------------
     @property
@@ -269,6 +264,17 @@ class OnlinePMW:
         if gap <= error:
             return math.inf
         return math.ceil(4.0 * math.log(self._histogram.size) / (gap * gap - error * error))
+
+    def load_state(self, state: PMWState) -> None:
+        """Continue from a stored state (e.g. written by another process): same p̂, n̂,
+        measurements, SVT epoch and noisy threshold; this object's noise streams carry on."""
+        if state.log_weights.shape != self._histogram.shape:
+            raise ParameterError("stream state does not match the domain size")
+        self._n_hat = int(state.n_hat)
+        self._log_weights = state.log_weights.copy()
+        self._measurements = list(state.measurements)
+        self._sparse.restore(state.sparse)
+        self._distribution = self._normalised()
 
     def state(self) -> PMWState:
         """The state to persist after each query (secret: see module docstring)."""

@@ -190,3 +190,15 @@ def test_bad_release_parameters_are_refused() -> None:
         release_hierarchical(np.array([1, 2]), epsilon=1.0, branching=1)
     with pytest.raises(ParameterError, match="epsilon"):
         release_hierarchical(np.array([1, 2]), epsilon=0.0)
+
+
+def test_a_union_of_ranges_adds_values_and_weights() -> None:
+    tree, _ = _tree(100, 10, 2)
+    selected = np.zeros(100, dtype=bool)
+    selected[3:20] = selected[50:61] = True
+    union = tree.answer_cells(selected)
+    assert union.value == pytest.approx(tree.estimate(3, 20) + tree.estimate(50, 61))
+    assert union.upper - union.value <= tree.half_width(3, 20) + tree.half_width(50, 61)
+    assert union.upper - union.value >= max(tree.half_width(3, 20), tree.half_width(50, 61)) / 2
+    whole = tree.answer_cells(np.ones(100, dtype=bool))
+    assert whole.value == pytest.approx(tree.estimate(0, 100))
