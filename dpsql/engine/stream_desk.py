@@ -194,7 +194,12 @@ class StreamDesk:
         return dense_histogram(self._session._read(sql, "reading the stream's histogram"), cells)
 
     def _new_pmw(
-        self, histogram: np.ndarray, epsilon: float, delta: float, params: dict[str, Any]
+        self,
+        histogram: np.ndarray,
+        epsilon: float,
+        delta: float,
+        params: dict[str, Any],
+        state: PMWState | None = None,
     ) -> OnlinePMW:
         return OnlinePMW(
             histogram,
@@ -207,6 +212,7 @@ class StreamDesk:
             value_share=params["value_share"],
             replays=params["replays"],
             rng=self._session.rng,
+            state=state,
         )
 
     # --- routing and answering --------------------------------------------------------------------
@@ -320,19 +326,7 @@ class StreamDesk:
                 )
                 self._histograms[stream.name] = histogram
             state = PMWState.from_bytes(stream.data)
-            pmw = OnlinePMW(
-                histogram,
-                epsilon=stream.epsilon,
-                delta=stream.delta,
-                updates=stream.params["updates"],
-                threshold=stream.params["threshold"],
-                sensitivity=stream.params["sensitivity"],
-                count_share=stream.params["count_share"],
-                value_share=stream.params["value_share"],
-                replays=stream.params["replays"],
-                rng=self._session.rng,
-                state=state,
-            )
+            pmw = self._new_pmw(histogram, stream.epsilon, stream.delta, stream.params, state)
             self._pmw[stream.name] = pmw
         return pmw
 
