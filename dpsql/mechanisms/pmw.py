@@ -20,6 +20,13 @@ The data is a histogram ``h`` over a public finite domain ``X`` (``n = Σh`` row
    ``η = clip((v − s)/(2n̂), −1, 1)``;
 5. after ``c = updates`` ⊤ answers the mechanism halts (:class:`StreamExhaustedError`).
 
+Two practical options, both post-processing of released values (privacy unchanged):
+``replays`` sweeps the same step over every measurement so far after each update (MWEM's
+practice), and ``update="project"`` replaces the damped step by the exact KL projection onto the
+measured answer (``p̂`` inside the query is scaled so that ``n̂·⟨f, p̂⟩ = v``, the rest so that
+``p̂`` stays a distribution; iterative proportional fitting when replayed). The bound on the
+number of updates below is proven for the default ``update="mw"`` without replays only.
+
 Privacy
 -------
 ``(ε, δ)``-DP for queries chosen adaptively, when ``sensitivity = Δ`` bounds ``‖h − h'‖₁`` over
@@ -66,6 +73,8 @@ from dpsql.mechanisms.svt import SparseVector, SparseVectorHaltedError, SparseVe
 __all__ = ["OnlinePMW", "PMWAnswer", "PMWState", "StreamExhaustedError"]
 
 _EXACT_FLOAT_LIMIT = 2**53
+_TINY = 1e-9
+"""Shares are kept in [1e-9, 1 − 1e-9] by the projection step (no infinite log-weights)."""
 
 
 class StreamExhaustedError(SparseVectorHaltedError):
@@ -168,6 +177,7 @@ class OnlinePMW:
         count_share: float = 0.05,
         value_share: float = 1 / 9,
         replays: int = 0,
+        update: str = "mw",
         rng: np.random.Generator | None = None,
         state: PMWState | None = None,
     ) -> None:
@@ -194,6 +204,9 @@ class OnlinePMW:
         if isinstance(replays, bool) or not isinstance(replays, int) or replays < 0:
             raise ParameterError(f"replays must be a non-negative integer, got {replays!r}")
         self.replays = replays
+        if update not in ("mw", "project"):
+            raise ParameterError(f"update must be 'mw' or 'project', got {update!r}")
+        self.update = update
         self._rng = resolve_rng(rng)
         value_epsilon = sparse_epsilon * value_share
         # The comparisons are the plan's comparison half (same ε split and δ/2 as NumericSparse).
@@ -331,6 +344,13 @@ class OnlinePMW:
                 self._step(past, value, self._n_hat * float(self._distribution[past].sum()))
 
     def _step(self, mask: np.ndarray, measured: float, synthetic: float) -> None:
-        step = max(-1.0, min(1.0, (measured - synthetic) / (2.0 * max(self._n_hat, 1))))
-        self._log_weights[mask] += step
+        n_hat = max(self._n_hat, 1)
+        if self.update == "mw":
+            step = max(-1.0, min(1.0, (measured - synthetic) / (2.0 * n_hat)))
+            self._log_weights[mask] += step
+        else:
+            inside = min(max(synthetic / n_hat, _TINY), 1 - _TINY)
+            target = min(max(measured / n_hat, _TINY), 1 - _TINY)
+            self._log_weights[mask] += math.log(target / inside)
+            self._log_weights[~mask] += math.log((1 - target) / (1 - inside))
         self._distribution = self._normalised()

@@ -191,3 +191,19 @@ def test_queries_are_masks_over_the_domain() -> None:
     pmw = OnlinePMW(np.array([1, 2, 3]), epsilon=1.0, updates=2, threshold=10, rng=_rng(1))
     with pytest.raises(ParameterError, match="boolean mask over the 3"):
         pmw.ask(np.array([1, 0, 1]))
+
+
+def test_the_projection_step_matches_the_measured_answer() -> None:
+    """``update="project"``: after an update the synthetic answer of that query is the released
+    noisy count (the KL projection), and p̂ stays a distribution."""
+    histogram = np.array([5000, 100, 100, 4800])
+    pmw = OnlinePMW(
+        histogram, epsilon=EPSILON, updates=3, threshold=100, update="project", rng=_rng(2)
+    )
+    mask = np.array([True, False, False, False])
+    answer = pmw.ask(mask)
+    assert answer.updated
+    assert pmw.synthetic_answer(mask) == pytest.approx(answer.value, rel=1e-9)
+    assert pmw.synthetic.sum() == pytest.approx(pmw.n_hat)
+    with pytest.raises(ParameterError, match="update must be"):
+        OnlinePMW(histogram, epsilon=1.0, updates=2, threshold=1, update="gradient")
