@@ -42,7 +42,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from dpsql.engine.streams import DEFAULT_REPLAYS, DEFAULT_UPDATES
+from dpsql.engine.streams import DEFAULT_REPLAYS, DEFAULT_UPDATES, StreamExhaustedError
 from dpsql.mechanisms.hierarchical import release_hierarchical
 from dpsql.mechanisms.laplace import noise_scale, sample_discrete_laplace
 from dpsql.mechanisms.pmw import OnlinePMW
@@ -155,23 +155,25 @@ def _run_workload(name, histogram, masks, sqls, connection, args, rng) -> None:
 
     for label, delta, updates, update, replays in PMW_VARIANTS:
         pmw = _pmw(histogram, args.epsilon, delta, updates, update, replays, k, rng)
-        answers, seconds, answered = [], [], 0
+        answers, seconds, answered = [], {True: [], False: []}, 0
         for mask in masks:
             if pmw.halted:
                 answers.append(np.nan)
                 continue
             start = time.perf_counter()
-            answers.append(pmw.ask(mask).value)
-            seconds.append(time.perf_counter() - start)
+            answer = pmw.ask(mask)
+            seconds[answer.updated].append(time.perf_counter() - start)
+            answers.append(answer.value)
             answered += 1
         done = np.isfinite(answers)
         results[label] = _errors(np.asarray(answers)[done], truth[done])
-        timings[label] = 1000 * statistics.median(seconds)
+        for updated, kind in ((False, "from p̂"), (True, "update")):
+            if seconds[updated]:
+                timings[f"{label} ({kind})"] = 1000 * statistics.median(seconds[updated])
         print(
             f"  {label}: {answered}/{k} answered (MAE over those), "
-            f"{updates - pmw.updates_left} of {updates} updates spent, "
-            f"spent, threshold {pmw.threshold:.0f}, cost {pmw.cost}, alpha(k, 0.05) "
-            f"{pmw.alpha(k):.0f}"
+            f"{updates - pmw.updates_left} of {updates} updates spent, threshold "
+            f"{pmw.threshold:.0f}, cost {pmw.cost}, alpha(k, 0.05) {pmw.alpha(k):.0f}"
         )
 
     tree = release_hierarchical(histogram, epsilon=args.epsilon, rng=rng)
@@ -229,14 +231,29 @@ def _engine(database: Path, table: pd.DataFrame, args) -> None:
             f"SELECT COUNT(*) FROM t WHERE z BETWEEN {a} AND {a + 500}"
             for a in rng.integers(0, 9000, args.timed)
         ]
-        stream_pmw = _median_ms([lambda s=s: session.execute(s) for s in rectangles])
+        pmw_seconds: dict[bool, list[float]] = {True: [], False: []}
+        for sql in rectangles:
+            start = time.perf_counter()
+            try:
+                result = session.execute(sql)
+            except StreamExhaustedError:
+                break
+            pmw_seconds[result.details["updated"]].append(time.perf_counter() - start)
         stream_tree = _median_ms([lambda s=s: session.execute(s) for s in ranges])
         fresh = _median_ms(
             [lambda s=s: session.execute(s, mechanism="laplace", epsilon=0.01) for s in ranges]
         )
     print("engine, median per Session.execute:")
+    pmw_rows = [
+        (
+            f"from the pmw stream ({kind}, {len(pmw_seconds[updated])} answers)",
+            1000 * statistics.median(pmw_seconds[updated]),
+        )
+        for updated, kind in ((False, "from p̂"), (True, "update"))
+        if pmw_seconds[updated]
+    ]
     for label, ms in (
-        ("from the pmw stream", stream_pmw),
+        *pmw_rows,
         ("from the range-tree stream", stream_tree),
         ("fresh Laplace (charged, reads the table)", fresh),
     ):

@@ -8,6 +8,7 @@ under an exclusive lock before the answer is returned. See :mod:`dpsql.engine.st
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -162,10 +163,10 @@ class StreamDesk:
                 branching=params["branching"],
                 rng=rng,
             )
-            data = tree.to_bytes()
+            data, state = tree.to_bytes(), "{}"
         else:
             pmw = self._new_pmw(histogram, plan.epsilon, plan.delta, params)
-            data = pmw.state().to_bytes()
+            data, state = pmw.state().arrays(), pmw.state().header()
         name = plan.name or (
             f"{plan.table}_{'_'.join(c.name for c in plan.columns)}_{plan.mechanism}_{entry.seq}"
         )
@@ -180,6 +181,7 @@ class StreamDesk:
             entry.seq,
             params,
             data,
+            state,
             0,
         )
         self._store.save(stream)
@@ -262,7 +264,9 @@ class StreamDesk:
                     f"{stream.name!r}, or mechanism='laplace'"
                 )
         frame = self._session.backend.run(cells_selected_sql(shape.where, stream.columns))
-        return frame["selected"].to_numpy(dtype=bool)
+        selected = np.zeros(stream.cells, dtype=bool)
+        selected[frame["cell"].to_numpy(dtype=np.int64)] = True
+        return selected
 
     def answer(self, stream: Stream, shape: QueryShape, normalized: str) -> QueryResult:
         """Answer from ``stream``: zero-cost ledger entry first, then the (PMW: committed)
@@ -325,7 +329,7 @@ class StreamDesk:
                     stream.params["salt"],
                 )
                 self._histograms[stream.name] = histogram
-            state = PMWState.from_bytes(stream.data)
+            state = PMWState.from_parts(stream.state, stream.data)
             pmw = self._new_pmw(histogram, stream.epsilon, stream.delta, stream.params, state)
             self._pmw[stream.name] = pmw
         return pmw
@@ -333,16 +337,17 @@ class StreamDesk:
     def _ask(
         self, stream: Stream, selected: np.ndarray, confidence: float
     ) -> tuple[float, tuple[float, float], dict[str, Any], float]:
-        def step(current: Stream) -> tuple[bytes, Any]:
+        def step(current: Stream) -> tuple[str, bytes | None, Any]:
             pmw = self._pmw_for(current)
-            pmw.load_state(PMWState.from_bytes(current.data))
+            pmw.load_state(PMWState.from_parts(current.state, current.data))
             if pmw.halted:
                 raise StreamExhaustedError(
                     f"stream {current.name!r} spent its {pmw.plan.c} updates and answers no "
                     "further queries; open a new stream or ask with mechanism='laplace'"
                 )
             answer = pmw.ask(selected)
-            return pmw.state().to_bytes(), (answer, pmw)
+            state = pmw.state()
+            return state.header(), state.arrays() if answer.updated else None, (answer, pmw)
 
         answer, pmw = self._store.advance(stream.name, step)
         alpha = pmw.alpha(max(pmw.queries_seen, 1), 1.0 - confidence)
@@ -384,8 +389,7 @@ def _one_message(work: Callable[[], Any]) -> Any:
 
 def _updates_left(stream: Stream) -> int:
     """Public: how many updates (⊤ answers, which are released) remain."""
-    state = PMWState.from_bytes(stream.data)
-    return int(stream.params["updates"]) - int(state.sparse[1])
+    return int(stream.params["updates"]) - int(json.loads(stream.state)["sparse"][1])
 
 
 def describe_stream(stream: Stream) -> dict[str, Any]:

@@ -78,6 +78,7 @@ CREATE TABLE IF NOT EXISTS streams (
     ledger_entry INTEGER NOT NULL,
     params TEXT NOT NULL,
     data BLOB NOT NULL,
+    state TEXT NOT NULL,
     answered INTEGER NOT NULL DEFAULT 0
 )
 """
@@ -113,7 +114,8 @@ class StreamColumn:
 
 @dataclass(frozen=True)
 class Stream:
-    """A stored stream: public parameters, and ``data`` (the tree, or the PMW state: secret)."""
+    """A stored stream: public parameters, ``data`` (the noisy tree, or the PMW's weights and
+    measurements) and ``state`` (JSON: the PMW's n̂ and its SVT state, which is secret)."""
 
     name: str
     created: str
@@ -125,6 +127,7 @@ class Stream:
     ledger_entry: int
     params: dict[str, Any]
     data: bytes
+    state: str
     answered: int
 
     @property
@@ -153,7 +156,20 @@ class Stream:
 
 
 def _row(row: tuple[Any, ...]) -> Stream:
-    name, created, table, columns, mechanism, epsilon, delta, entry, params, data, answered = row
+    (
+        name,
+        created,
+        table,
+        columns,
+        mechanism,
+        epsilon,
+        delta,
+        entry,
+        params,
+        data,
+        state,
+        answered,
+    ) = row
     return Stream(
         name,
         created,
@@ -165,6 +181,7 @@ def _row(row: tuple[Any, ...]) -> Stream:
         entry,
         json.loads(params),
         bytes(data),
+        state,
         answered,
     )
 
@@ -188,7 +205,7 @@ class StreamStore:
 
     def save(self, stream: Stream) -> None:
         self._connection.execute(
-            "INSERT INTO streams VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO streams VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 stream.name,
                 stream.created,
@@ -200,6 +217,7 @@ class StreamStore:
                 stream.ledger_entry,
                 json.dumps(stream.params, sort_keys=True),
                 stream.data,
+                stream.state,
                 0,
             ),
         )
@@ -220,19 +238,21 @@ class StreamStore:
         )
         return [_row(r) for r in rows.fetchall()]
 
-    def advance(self, name: str, step: Callable[[Stream], tuple[bytes, Any]]) -> Any:
-        """Under an exclusive lock: read the stream, ``step`` it to new data and a result, store
-        the data (and one more answered query) and commit; only then return the result."""
+    def advance(self, name: str, step: Callable[[Stream], tuple[str, bytes | None, Any]]) -> Any:
+        """Under an exclusive lock: read the stream, ``step`` it to a new state (and new data, or
+        None when unchanged) and a result, store them (and one more answered query) and commit;
+        only then return the result."""
         connection = self._connection
         connection.execute("BEGIN IMMEDIATE")
         try:
             row = connection.execute("SELECT * FROM streams WHERE name = ?", (name,)).fetchone()
             if row is None:
                 raise ParameterError(f"no stream named {name!r}")
-            data, result = step(_row(row))
+            state, data, result = step(_row(row))
             connection.execute(
-                "UPDATE streams SET data = ?, answered = answered + 1 WHERE name = ?",
-                (data, name),
+                "UPDATE streams SET state = ?, data = coalesce(?, data), answered = answered + 1 "
+                "WHERE name = ?",
+                (state, data, name),
             )
             connection.execute("COMMIT")
         except BaseException:
@@ -428,13 +448,15 @@ def alignment_sql(where: exp.Expression, column: StreamColumn) -> str | None:
 
 
 def cells_selected_sql(where: exp.Expression, columns: tuple[StreamColumn, ...]) -> str:
-    """Whether each cell (row-major) satisfies ``where``, evaluated by DuckDB at the cell's low
-    end (NULL counts as not selected, as in a WHERE)."""
+    """The row-major index of every cell that satisfies ``where``, evaluated by DuckDB at the
+    cell's low end (NULL is not selected, as in a WHERE)."""
     sources = ", ".join(f"range({c.cells}) AS r{i}(i{i})" for i, c in enumerate(columns))
     values = {c.name: _value(c, f"i{i}", False) for i, c in enumerate(columns)}
-    order = ", ".join(f"i{i}" for i in range(len(columns)))
+    index = "i0"
+    for i, column in enumerate(columns[1:], start=1):
+        index = f"({index} * {column.cells} + i{i})"
     predicate = _at(where, values).sql(dialect="duckdb")
-    return f"SELECT COALESCE(({predicate}), false) AS selected FROM {sources} ORDER BY {order}"
+    return f"SELECT {index} AS cell FROM {sources} WHERE ({predicate})"
 
 
 def answerable(shape: QueryShape, stream: Stream) -> bool:

@@ -102,32 +102,32 @@ class PMWState:
     sparse: tuple[int | float, int, int]
     measurements: tuple[tuple[np.ndarray, float], ...] = ()
 
-    def to_bytes(self) -> bytes:
-        header = json.dumps(
+    def header(self) -> str:
+        """The small part (JSON): ``n̂``, the SVT state, the measured values. It changes with
+        every query; :meth:`arrays` only with an update."""
+        return json.dumps(
             {
                 "n_hat": self.n_hat,
                 "sparse": list(self.sparse),
                 "cells": int(self.log_weights.size),
                 "values": [value for _, value in self.measurements],
             }
-        ).encode()
+        )
+
+    def arrays(self) -> bytes:
+        """The log-weights and the packed masks of the measurements."""
         buffer = io.BytesIO()
-        buffer.write(len(header).to_bytes(4, "little"))
-        buffer.write(header)
         buffer.write(np.ascontiguousarray(self.log_weights, dtype="<f8").tobytes())
         for packed, _ in self.measurements:
             buffer.write(packed.tobytes())
         return buffer.getvalue()
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> PMWState:
-        size = int.from_bytes(data[:4], "little")
-        header = json.loads(data[4 : 4 + size])
+    def from_parts(cls, header_text: str, data: bytes) -> PMWState:
+        header = json.loads(header_text)
         cells = header["cells"]
-        start = 4 + size
-        weights = np.frombuffer(data[start : start + 8 * cells], dtype="<f8").astype(np.float64)
-        start += 8 * cells
-        width = (cells + 7) // 8
+        weights = np.frombuffer(data[: 8 * cells], dtype="<f8").astype(np.float64)
+        start, width = 8 * cells, (cells + 7) // 8
         measurements = []
         for value in header["values"]:
             packed = np.frombuffer(data[start : start + width], dtype=np.uint8).copy()
@@ -135,6 +135,15 @@ class PMWState:
             start += width
         sparse = tuple(header["sparse"])
         return cls(weights, int(header["n_hat"]), sparse, tuple(measurements))  # type: ignore[arg-type]
+
+    def to_bytes(self) -> bytes:
+        header = self.header().encode()
+        return len(header).to_bytes(4, "little") + header + self.arrays()
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> PMWState:
+        size = int.from_bytes(data[:4], "little")
+        return cls.from_parts(data[4 : 4 + size].decode(), data[4 + size :])
 
 
 def _histogram(histogram: object) -> np.ndarray:

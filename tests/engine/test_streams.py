@@ -118,7 +118,7 @@ def test_pmw_answers_within_alpha_and_records_its_state_before_answering(people)
             store = StreamStore(ledger_path(database))
             (stored,) = store.all()
             store.close()
-            state = PMWState.from_bytes(stored.data)
+            state = PMWState.from_parts(stored.state, stored.data)
             # The committed state already counts this query and its update, if any.
             assert state.sparse[2] == stored.answered == low // 10 + 1
             assert 20 - state.sparse[1] == result.details["updates_left"]
@@ -157,10 +157,10 @@ def test_a_stream_persists_between_sessions(people) -> None:
         session.open_stream("people", [("age", 1)], epsilon=1.0, updates=30)
         session.execute("SELECT COUNT(*) FROM people WHERE age < 50")
     store = StreamStore(ledger_path(database))
-    before = PMWState.from_bytes(store.all()[0].data)
+    before = PMWState.from_parts(store.all()[0].state, store.all()[0].data)
     with _connect(database, seed=2) as session:
         result = session.execute("SELECT COUNT(*) FROM people WHERE age < 50")
-    after = PMWState.from_bytes(store.all()[0].data)
+    after = PMWState.from_parts(store.all()[0].state, store.all()[0].data)
     store.close()
     assert after.n_hat == before.n_hat
     assert after.sparse[2] == before.sparse[2] + 1
