@@ -273,3 +273,33 @@ def test_cli_stream_open_and_synopses(people, capsys) -> None:
     (listed,) = json.loads(capsys.readouterr().out)
     assert listed["name"] == opened["name"] and listed["mechanism"] == "range_tree"
     assert main([*args, "--column", "age:x", "--epsilon", "0.5"]) == 2
+
+
+def _ask_ten(database: str) -> int:
+    """Ten stream answers in one process (module level: picklable for a process pool)."""
+    import dpsql
+
+    with dpsql.connect(database, analyst="alice") as session:
+        for low in range(0, 80, 8):
+            session.execute(f"SELECT COUNT(*) FROM people WHERE age BETWEEN {low} AND 99")
+    return 10
+
+
+def test_processes_in_parallel_share_one_stream_state(people) -> None:
+    """Two processes answer from one PMW stream at the same time: every answer is one committed
+    step of the same stored state (queries seen = answers given = ledger entries)."""
+    import multiprocessing
+
+    database, _ = people
+    with _connect(database) as session:
+        session.open_stream("people", [("age", 1)], epsilon=1.0, updates=40)
+    with multiprocessing.get_context("spawn").Pool(2) as pool:
+        assert pool.map(_ask_ten, [str(database)] * 2) == [10, 10]
+    store = StreamStore(ledger_path(database))
+    (stored,) = store.all()
+    store.close()
+    state = PMWState.from_parts(stored.state, stored.data)
+    assert stored.answered == state.sparse[2] == 20
+    assert len(state.measurements) == state.sparse[1] <= 40
+    with _connect(database) as session:
+        assert [e["mechanism"] for e in session.ledger()].count("stream") == 20
