@@ -35,10 +35,11 @@ from dpsql.errors import DpsqlError, LedgerError
 
 _mechanism = click.option(
     "--mechanism",
-    type=click.Choice(["laplace", "threshold", "alp"]),
+    type=click.Choice(["laplace", "threshold", "alp", "pmw", "range_tree"]),
     default=None,
     help="How keys of a GROUP BY column without public keys are released (alp: threshold + "
-    "ALP synopsis); laplace forces fresh noise instead of a stored synopsis.",
+    "ALP synopsis); laplace forces fresh noise instead of a stored synopsis or stream; pmw / "
+    "range_tree answer a COUNT(*) from a query stream, opening one if none answers it.",
 )
 _max_answers = click.option(
     "--max-answers",

@@ -347,6 +347,9 @@ class Session:
         stream = self._streams.route(shaped[0].shape, mechanism)
         if stream is not None:
             return self._streams.explain(stream, shaped[1])
+        if wanted := self._streams.requested(shaped[0].shape, mechanism):
+            opening = self._streams.plan_for_query(shaped[0].shape, wanted, epsilon, delta)
+            return self._streams.explain_opening(opening, shaped[1])
         plan, normalized = self._plan(sql, epsilon, delta, mechanism, shaped, max_answers)
         cost = total(plan.event)
         status = self.budget()
@@ -380,9 +383,18 @@ class Session:
         synopsis = self._synopsis_for(shaped[0].shape, mechanism)
         if synopsis is not None:
             return self._from_synopsis(synopsis, (shaped[0].shape, shaped[1]))
-        stream = self._streams.route(shaped[0].shape, mechanism)
+        stream, opened = self._streams.route(shaped[0].shape, mechanism), {}
+        if stream is None and (wanted := self._streams.requested(shaped[0].shape, mechanism)):
+            opening = self._streams.plan_for_query(shaped[0].shape, wanted, epsilon, delta)
+            entry = self._streams.charge(opening)
+            opened = _after_charge(lambda: self._streams.build(opening, entry))  # type: ignore[arg-type,return-value]
+            stream = self._streams.route(shaped[0].shape, mechanism)
         if stream is not None:
-            return self._kept(self._streams.answer(stream, shaped[0].shape, shaped[1]))
+            answer = self._streams.answer(stream, shaped[0].shape, shaped[1])
+            if opened:
+                details = {**answer.details, "opened_stream": opened}
+                answer = answer.model_copy(update={"details": details})
+            return self._kept(answer)
         plan, normalized = self._plan(sql, epsilon, delta, mechanism, shaped, max_answers)
         entry = self._ledger.charge(
             analyst=self.analyst,

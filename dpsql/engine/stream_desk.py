@@ -14,12 +14,16 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from sqlglot import exp
 
 from dpsql.accountant.events import PostProcessingEvent
 from dpsql.accountant.units import check_budget_value
 from dpsql.engine.results import QueryResult
 from dpsql.engine.streams import (
+    DEFAULT_EXPECTED_QUERIES,
+    STREAM_MECHANISMS,
     Stream,
+    StreamColumn,
     StreamExhaustedError,
     StreamStore,
     alignment_sql,
@@ -139,6 +143,60 @@ class StreamDesk:
             name,
         )
 
+    def plan_for_query(
+        self, shape: QueryShape, mechanism: str, epsilon: float | None, delta: float | None
+    ) -> StreamPlan:
+        """``OPTIONS(mechanism='pmw'|'range_tree')`` on a COUNT(*) that no stream answers: a
+        stream over the WHERE's columns (bin width 1) at the query's (ε, δ)."""
+        options = shape.options
+        dataset = self._session.policy.dataset
+        if epsilon is None:
+            epsilon = options.get("epsilon", dataset.default_query_epsilon)
+        if epsilon is None:
+            raise ParameterError(
+                f"mechanism {mechanism!r} opens a stream: give its epsilon (epsilon=..., "
+                "OPTIONS(epsilon=...)) or set dataset.default_query_epsilon"
+            )
+        if delta is None:
+            delta = options.get("delta", dataset.default_query_delta)
+        columns = sorted({c.name for c in shape.where.find_all(exp.Column)} if shape.where else [])
+        placeholders = tuple(StreamColumn(c, "", 0, 1, 1) for c in columns)
+        probe = Stream("", "", shape.table, placeholders, mechanism, 0, 0, 0, {}, b"", "{}", 0)
+        if not columns or not answerable(shape, probe):
+            raise UnsupportedQueryError(
+                f"mechanism {mechanism!r} opens a stream from an ungrouped SELECT COUNT(*) with a "
+                "WHERE on the columns to stream; use `dpsql stream open` for other shapes"
+            )
+        return self.plan(
+            shape.table,
+            [(c, 1) for c in columns],
+            mechanism=mechanism,
+            epsilon=epsilon,
+            delta=delta,
+            updates=None,
+            threshold=None,
+            expected_queries=DEFAULT_EXPECTED_QUERIES,
+            name=None,
+        )
+
+    def explain_opening(self, plan: StreamPlan, normalized: str) -> dict[str, Any]:
+        return {
+            "query": normalized,
+            "plan": {
+                "mechanism": "stream",
+                "opens": {
+                    "mechanism": plan.mechanism,
+                    "table": plan.table,
+                    "columns": [c.to_dict() for c in plan.columns],
+                    "params": {k: v for k, v in plan.params.items() if k != "salt"},
+                },
+                "why": "OPTIONS(mechanism=...) asks for a stream and none answers this query: "
+                "one is opened (charged once) and answers this and later queries",
+            },
+            "cost": {"epsilon": plan.epsilon, "delta": plan.delta},
+            "draws_on": [],
+        }
+
     def charge(self, plan: StreamPlan) -> LedgerEntry:
         event = open_event(plan.mechanism, plan.epsilon, plan.delta, plan.columns, plan.params)
         return self._session.charge(
@@ -218,14 +276,22 @@ class StreamDesk:
         )
 
     # --- routing and answering --------------------------------------------------------------------
+    @staticmethod
+    def requested(shape: QueryShape, mechanism: str | None) -> str | None:
+        """The stream mechanism the query asks for (argument or OPTIONS), if any."""
+        chosen = mechanism or shape.options.get("mechanism")
+        return chosen if chosen in STREAM_MECHANISMS else None
+
     def route(self, shape: QueryShape, mechanism: str | None) -> Stream | None:
-        """The newest stream this analyst may use that answers ``shape`` (None: fresh noise)."""
+        """The newest stream this analyst may use that answers ``shape`` (of the mechanism the
+        query asks for, if it names one), or None (fresh noise)."""
         if (mechanism or shape.options.get("mechanism")) == "laplace":
             return None
+        wanted = self.requested(shape, mechanism)
         candidates = [
             s
             for s in self._store.for_table(shape.table, self._session._synopsis_owner())
-            if answerable(shape, s)
+            if answerable(shape, s) and wanted in (None, s.mechanism)
         ]
         for stream in candidates:
             if stream.mechanism == "range_tree" or _updates_left(stream) > 0:

@@ -303,3 +303,48 @@ def test_processes_in_parallel_share_one_stream_state(people) -> None:
     assert len(state.measurements) == state.sparse[1] <= 40
     with _connect(database) as session:
         assert [e["mechanism"] for e in session.ledger()].count("stream") == 20
+
+
+def test_options_mechanism_opens_a_stream_on_a_first_query(people) -> None:
+    """OPTIONS(mechanism='range_tree'|'pmw') on a COUNT(*) no stream answers opens one over the
+    WHERE's columns at the query's epsilon (one charge), answers from it, and later queries use
+    it for free; EXPLAIN says what would be opened and what it costs."""
+    database, frame = people
+    first = (
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=0.5, mechanism='range_tree') "
+        "COUNT(*) AS n FROM people WHERE age BETWEEN 20 AND 29"
+    )
+    with _connect(database) as session:
+        plan = session.explain(first)
+        assert plan["plan"]["opens"]["columns"][0]["name"] == "age"
+        assert plan["cost"]["epsilon"] == 0.5
+        assert session.budget().for_analyst("alice").epsilon_spent == 0
+        answer = session.execute(first)
+        opened = answer.details["opened_stream"]
+        assert (
+            opened["mechanism"] == "range_tree" and answer.mechanism == f"stream:{opened['name']}"
+        )
+        ((lower, upper),) = answer.intervals["n"]
+        assert lower <= int(frame.age.between(20, 29).sum()) <= upper
+        later = session.execute(
+            "SELECT COUNT(*) FROM people WHERE age >= 50", mechanism="range_tree"
+        )
+        assert "opened_stream" not in later.details and later.epsilon == 0
+        assert session.budget().for_analyst("alice").epsilon_spent == pytest.approx(0.5)
+        pmw = session.execute(
+            "SELECT COUNT(*) FROM people WHERE age < 50 AND income < 40",
+            mechanism="pmw",
+            epsilon=0.5,
+        )
+        assert pmw.details["opened_stream"]["key_column"] == "age, income"
+        total = session.execute("SELECT COUNT(*) FROM people", mechanism="pmw")
+        assert total.mechanism == pmw.mechanism  # the new PMW stream answers the total too
+        with pytest.raises(UnsupportedQueryError, match="opens a stream"):
+            session.execute(
+                "SELECT age, COUNT(*) FROM people GROUP BY age", mechanism="pmw", epsilon=0.5
+            )
+        with pytest.raises(ParameterError, match="integer columns"):
+            session.execute(
+                "SELECT COUNT(*) FROM people WHERE city = 'a'", mechanism="pmw", epsilon=0.5
+            )
+        assert session.budget().for_analyst("alice").epsilon_spent == pytest.approx(1.0)
