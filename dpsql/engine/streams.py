@@ -148,8 +148,9 @@ class Stream:
             "mechanism": self.mechanism,
             "ledger_entry": self.ledger_entry,
             "params": self.params,
-            "answered": self.answered,
         }
+        if self.mechanism == "pmw":
+            described["answered"] = self.answered
         if updates_left is not None:
             described["updates_left"] = updates_left
         return described
