@@ -61,6 +61,9 @@ __all__ = [
 STREAM_MECHANISMS = ("pmw", "range_tree")
 MAX_CELLS = 2**20
 """Largest domain (product of the cells) a stream may declare."""
+MAX_PMW_CELLS = 2**16
+"""Largest PMW domain: its state (weights, one packed mask per update) is rewritten on updates."""
+MAX_UPDATES = 1000
 
 DEFAULT_UPDATES = 50
 DEFAULT_REPLAYS = 10
@@ -332,8 +335,15 @@ def stream_params(
             raise ParameterError("a range_tree stream is pure DP: give delta = 0")
         return {"branching": choose_branching(columns[0].cells), "sensitivity": sensitivity}
     updates = DEFAULT_UPDATES if updates is None else updates
-    if isinstance(updates, bool) or not isinstance(updates, int) or not 1 <= updates <= 10_000:
-        raise ParameterError(f"updates must be an integer in [1, 10000], got {updates!r}")
+    cells = math.prod(c.cells for c in columns)
+    if cells > MAX_PMW_CELLS:
+        raise ParameterError(
+            f"a pmw stream's domain must have at most {MAX_PMW_CELLS} cells, got {cells}; use "
+            "wider bins or fewer columns"
+        )
+    limit = MAX_UPDATES
+    if isinstance(updates, bool) or not isinstance(updates, int) or not 1 <= updates <= limit:
+        raise ParameterError(f"updates must be an integer in [1, {limit}], got {updates!r}")
     if threshold is None:
         # The comparisons' noise scale times ln(expected queries): about one query in the
         # expected stream passes by noise alone (public parameters only).

@@ -21,10 +21,10 @@ The data is a histogram ``h`` over a public finite domain ``X`` (``n = Σh`` row
 5. after ``c = updates`` ⊤ answers the mechanism halts (:class:`StreamExhaustedError`).
 
 Two practical options, both post-processing of released values (privacy unchanged):
-``replays`` sweeps the same step over every measurement so far after each update (MWEM's
-practice), and ``update="project"`` replaces the damped step by the exact KL projection onto the
-measured answer (``p̂`` inside the query is scaled so that ``n̂·⟨f, p̂⟩ = v``, the rest so that
-``p̂`` stays a distribution; iterative proportional fitting when replayed). The bound on the
+``replays`` sweeps the same step over the (most recent 64) measurements after each update
+(MWEM's practice), and ``update="project"`` replaces the damped step by the exact KL projection
+onto the measured answer (``p̂`` inside the query is scaled so that ``n̂·⟨f, p̂⟩ = v``, the rest
+so that ``p̂`` stays a distribution; iterative proportional fitting when replayed). The bound on the
 number of updates below is proven for the default ``update="mw"`` without replays only.
 
 Privacy
@@ -73,6 +73,8 @@ from dpsql.mechanisms.svt import SparseVector, SparseVectorHaltedError, SparseVe
 __all__ = ["OnlinePMW", "PMWAnswer", "PMWState", "StreamExhaustedError"]
 
 _EXACT_FLOAT_LIMIT = 2**53
+_REPLAY_WINDOW = 64
+"""Replay sweeps revisit the most recent 64 measurements (bounded work per update)."""
 _TINY = 1e-9
 """Shares are kept in [1e-9, 1 − 1e-9] by the projection step (no infinite log-weights)."""
 
@@ -344,11 +346,11 @@ class OnlinePMW:
 
     def _update(self, mask: np.ndarray, measured: float, synthetic: float) -> None:
         """One multiplicative-weights step towards the *measured* (noisy) answer, then
-        ``replays`` sweeps over every measurement so far (MWEM's practice; post-processing)."""
+        ``replays`` sweeps over the recent measurements (MWEM's practice; post-processing)."""
         self._step(mask, measured, synthetic)
         self._measurements.append((np.packbits(mask), float(measured)))
         for _sweep in range(self.replays):
-            for packed, value in self._measurements:
+            for packed, value in self._measurements[-_REPLAY_WINDOW:]:
                 past = np.unpackbits(packed, count=mask.size).astype(bool)
                 self._step(past, value, self._n_hat * float(self._distribution[past].sum()))
 

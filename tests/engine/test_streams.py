@@ -13,7 +13,7 @@ import pytest
 
 from dpsql.cli import main
 from dpsql.engine.session import database_synopses, ledger_path
-from dpsql.engine.streams import StreamExhaustedError, StreamStore
+from dpsql.engine.streams import StreamColumn, StreamExhaustedError, StreamStore, stream_params
 from dpsql.errors import ParameterError, UnsupportedQueryError
 from dpsql.mechanisms.pmw import PMWState
 from tests.conftest import make_database, seeded_connect
@@ -348,3 +348,22 @@ def test_options_mechanism_opens_a_stream_on_a_first_query(people) -> None:
                 "SELECT COUNT(*) FROM people WHERE city = 'a'", mechanism="pmw", epsilon=0.5
             )
         assert session.budget().for_analyst("alice").epsilon_spent == pytest.approx(1.0)
+
+
+def test_pmw_streams_have_bounded_state(people) -> None:
+    database, _ = people
+    with _connect(database) as session:
+        wide = (StreamColumn("a", "BIGINT", 0, 999, 1), StreamColumn("b", "BIGINT", 0, 99, 1))
+        with pytest.raises(ParameterError, match="at most 65536 cells"):
+            stream_params(
+                "pmw",
+                wide,
+                epsilon=1.0,
+                delta=0.0,
+                sensitivity=1,
+                updates=None,
+                threshold=None,
+                expected_queries=1000,
+            )
+        with pytest.raises(ParameterError, match=r"updates must be an integer in \[1, 1000\]"):
+            session.open_stream("people", [("age", 1)], epsilon=1.0, updates=1001)
