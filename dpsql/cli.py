@@ -18,6 +18,7 @@ from dpsql.cli_publish import register as register_publish
 from dpsql.cli_report import register as register_report
 from dpsql.cli_serve import register as register_serve
 from dpsql.cli_serve import serve_demo
+from dpsql.cli_streams import register as register_streams
 from dpsql.engine import contributions as contribution_defaults
 from dpsql.engine import demo as demo_data
 from dpsql.engine.results import LEDGER_COLUMNS, BudgetReport, QueryResult
@@ -36,12 +37,22 @@ from dpsql.errors import DpsqlError, LedgerError
 _mechanism = click.option(
     "--mechanism",
     type=click.Choice(
-        ["laplace", "threshold", "threshold_laplace", "threshold_gaussian", "weighted", "alp"]
+        [
+            "laplace",
+            "threshold",
+            "threshold_laplace",
+            "threshold_gaussian",
+            "weighted",
+            "alp",
+            "pmw",
+            "range_tree",
+        ]
     ),
     default=None,
     help="How keys of a GROUP BY column without public keys are released (default: the one "
     "releasing the most keys; alp: threshold + ALP synopsis); laplace forces fresh noise instead "
-    "of a stored synopsis.",
+    "of a stored synopsis or stream; pmw / range_tree answer a COUNT(*) from a query stream, "
+    "opening one if none answers it.",
 )
 _max_answers = click.option(
     "--max-answers",
@@ -432,6 +443,7 @@ def demo(directory: str, rows: int, then_serve: bool) -> None:
 register_publish(cli)
 register_report(cli)
 register_serve(cli)
+register_streams(cli)
 
 
 def main(argv: list[str] | None = None) -> int:

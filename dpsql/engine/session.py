@@ -50,6 +50,8 @@ from dpsql.engine.progress import (
 )
 from dpsql.engine.results import BudgetReport, BudgetStatus, QueryResult
 from dpsql.engine.stored_results import ResultStore
+from dpsql.engine.stream_desk import StreamDesk, list_streams
+from dpsql.engine.streams import DEFAULT_EXPECTED_QUERIES, StreamStore
 from dpsql.engine.synopses import (
     PointQuery,
     Synopsis,
@@ -221,6 +223,7 @@ class Session:
         # not once per query.
         self._results = ResultStore(ledger_path(database))
         self._synopsis_store = SynopsisStore(ledger_path(database))
+        self._streams = StreamDesk(self, StreamStore(ledger_path(database)))
 
     def _load_policy(self) -> Policy:
         document = self._ledger.policy()
@@ -241,6 +244,7 @@ class Session:
         self.backend.close()
         self._results.close()
         self._synopsis_store.close()
+        self._streams.close()
         self._ledger.close()
 
     # planning -----------------------------------------------------------------------------------
@@ -374,6 +378,13 @@ class Session:
                 "cost": {"epsilon": 0.0, "delta": 0.0},
                 "draws_on": [],
             }
+        streams = self._streams_for(shaped[0].shape, accuracy)
+        stream = streams and self._streams.route(shaped[0].shape, mechanism)
+        if stream:
+            return self._streams.explain(stream, shaped[1])
+        if streams and (wanted := self._streams.requested(shaped[0].shape, mechanism)):
+            opening = self._streams.plan_for_query(shaped[0].shape, wanted, epsilon, delta)
+            return self._streams.explain_opening(opening, shaped[1])
         plan, normalized = self._plan(
             sql, epsilon, delta, mechanism, shaped, max_answers, accuracy
         )
@@ -413,6 +424,10 @@ class Session:
         synopsis = self._synopsis_for(shaped[0].shape, mechanism, accuracy)
         if synopsis is not None:
             return self._from_synopsis(synopsis, (shaped[0].shape, shaped[1]))
+        if self._streams_for(shaped[0].shape, accuracy):
+            answered = self._from_stream(shaped, mechanism, epsilon, delta)
+            if answered is not None:
+                return answered
         plan, normalized = self._plan(
             sql, epsilon, delta, mechanism, shaped, max_answers, accuracy
         )
@@ -446,6 +461,65 @@ class Session:
         if target is None:
             return plan.summary()
         return {**plan.summary(), "accuracy": accuracy_details(plan, target)}
+
+    @staticmethod
+    def _streams_for(shape: QueryShape, accuracy: float | None) -> bool:
+        """Whether a query stream may answer: not for post-processed queries or an accuracy
+        target (a stream's error is its own)."""
+        return shape.post is None and accuracy is None and "accuracy" not in shape.options
+
+    def _from_stream(
+        self,
+        shaped: tuple[BoundShape, str],
+        mechanism: str | None,
+        epsilon: float | None,
+        delta: float | None,
+    ) -> QueryResult | None:
+        """The answer from the query stream that covers the query, opening one first if
+        ``mechanism`` asks for it; None when no stream answers it."""
+        stream, opened = self._streams.route(shaped[0].shape, mechanism), {}
+        if stream is None and (wanted := self._streams.requested(shaped[0].shape, mechanism)):
+            opening = self._streams.plan_for_query(shaped[0].shape, wanted, epsilon, delta)
+            entry = self._streams.charge(opening)
+            opened = _after_charge(lambda: self._streams.build(opening, entry))  # type: ignore[arg-type,return-value]
+            stream = self._streams.route(shaped[0].shape, mechanism)
+        if stream is None:
+            return None
+        answer = self._streams.answer(stream, shaped[0].shape, shaped[1])
+        if opened:
+            details = {**answer.details, "opened_stream": opened}
+            answer = answer.model_copy(update={"details": details})
+        return self._kept(answer)
+
+    def open_stream(
+        self,
+        table: str,
+        columns: Sequence[tuple[str, int]],
+        *,
+        epsilon: float,
+        mechanism: str = "pmw",
+        delta: float = 0.0,
+        updates: int | None = None,
+        threshold: float | None = None,
+        expected_queries: int = DEFAULT_EXPECTED_QUERIES,
+        name: str | None = None,
+    ) -> dict[str, Any]:
+        """Open a query stream over ``table``'s bounded integer ``columns`` (``(name, bin
+        width)`` pairs), charging ``(epsilon, delta)`` once; later COUNT queries whose WHERE
+        uses only those columns are answered from it (``dpsql.engine.streams``)."""
+        plan = self._streams.plan(
+            table,
+            list(columns),
+            mechanism=mechanism,
+            epsilon=epsilon,
+            delta=delta,
+            updates=updates,
+            threshold=threshold,
+            expected_queries=expected_queries,
+            name=name,
+        )
+        entry = self._streams.charge(plan)
+        return _after_charge(lambda: self._streams.build(plan, entry))  # type: ignore[arg-type,return-value]
 
     def _kept(self, result: QueryResult) -> QueryResult:
         """Store a released answer under its ledger entry (``dpsql result N``), return it."""
@@ -652,7 +726,8 @@ class Session:
 
     def synopses(self) -> list[dict[str, Any]]:
         """The stored synopses this analyst may use (parameters only, never the bytes)."""
-        return [s.describe() for s in self._synopsis_store.all(self._synopsis_owner())]
+        listed = [s.describe() for s in self._synopsis_store.all(self._synopsis_owner())]
+        return listed + self._streams.listing()
 
     def _synopsis_for(
         self, shape: QueryShape, mechanism: str | None, accuracy: float | None = None
@@ -847,10 +922,13 @@ def database_synopses(database: str | Path, analyst: str | None = None) -> list[
         ledger.close()
     shared = document is not None and Policy.model_validate(document).dataset.share_synopses
     store = SynopsisStore(ledger_path(database))
+    streams = StreamStore(ledger_path(database))
     try:
-        return [s.describe() for s in store.all(None if shared else analyst)]
+        owner = None if shared else analyst
+        return [s.describe() for s in store.all(owner)] + list_streams(streams, owner)
     finally:
         store.close()
+        streams.close()
 
 
 def connect(

@@ -763,6 +763,19 @@ class SparseVector:
         """Theorem 2/4 α for the queries seen so far, at failure probability ``beta``."""
         return self.plan.alpha(self._queries_seen, beta)
 
+    def snapshot(self) -> tuple[int | float, int, int]:
+        """The secret state ``(noisy threshold, positives, queries seen)``, to persist a stream
+        between processes; it must be kept as secret as the data (the noisy threshold is not
+        released). Noise drawn ahead but unused is discarded, which changes no distribution."""
+        return (self._noisy_threshold, self._positives, self._queries_seen)
+
+    def restore(self, state: tuple[int | float, int, int]) -> None:
+        """Continue from :meth:`snapshot`'s state: the same epoch, the same noisy threshold."""
+        noisy_threshold, positives, queries_seen = state
+        self._noisy_threshold = int(noisy_threshold) if self.plan.discrete else noisy_threshold
+        self._positives = int(positives)
+        self._queries_seen = int(queries_seen)
+
     def _comparison_value(self, answer: object) -> int | float:
         if isinstance(answer, bool) or not isinstance(answer, Real | np.integer | np.floating):
             raise ParameterError(f"answer must be a finite real number, got {answer!r}")

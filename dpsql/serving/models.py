@@ -33,10 +33,21 @@ class QueryRequest(BaseModel):
     delta: float | None = Field(None, description="delta of this query")
     mechanism: (
         Literal[
-            "laplace", "threshold", "threshold_laplace", "threshold_gaussian", "weighted", "alp"
+            "laplace",
+            "threshold",
+            "threshold_laplace",
+            "threshold_gaussian",
+            "weighted",
+            "alp",
+            "pmw",
+            "range_tree",
         ]
         | None
-    ) = Field(None, description="how keys without public keys are released; laplace skips synopses")
+    ) = Field(
+        None,
+        description="how keys without public keys are released; laplace skips synopses and "
+        "streams; pmw / range_tree answer a COUNT(*) from a query stream, opening one",
+    )
     max_answers: int | None = Field(None, description="cut-off of the sparse vector technique")
     accuracy: float | None = Field(
         None, description="instead of epsilon: the interval half-width to meet (least epsilon)"

@@ -1,0 +1,107 @@
+"""Command-line commands for query streams: ``dpsql stream open`` (listing: ``dpsql synopses``).
+
+Thin over ``Session.open_stream`` (:mod:`dpsql.engine.streams`). ``register(cli)`` adds the group.
+"""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from dpsql.cli_output import console, db_option, print_table
+from dpsql.engine.session import connect
+from dpsql.engine.streams import DEFAULT_EXPECTED_QUERIES, STREAM_MECHANISMS
+
+__all__ = ["register", "stream"]
+
+
+def _column(text: str) -> tuple[str, int]:
+    """``name`` or ``name:width``."""
+    name, _, width = text.partition(":")
+    if not name:
+        raise click.BadParameter(f"a column is NAME or NAME:WIDTH, got {text!r}")
+    try:
+        return name, int(width) if width else 1
+    except ValueError:
+        raise click.BadParameter(
+            f"bin width of {name!r} must be an integer, got {width!r}"
+        ) from None
+
+
+@click.group()
+def stream() -> None:
+    """Query streams: one charge answers many COUNT queries over declared columns."""
+
+
+@stream.command("open")
+@db_option
+@click.option("--analyst", required=True, help="Analyst whose allocation pays for the stream.")
+@click.option("--table", required=True, help="A table of the policy.")
+@click.option(
+    "--column",
+    "columns",
+    multiple=True,
+    required=True,
+    help="A bounded integer column of the domain, as NAME or NAME:BIN_WIDTH (repeatable).",
+)
+@click.option(
+    "--mechanism",
+    type=click.Choice(list(STREAM_MECHANISMS)),
+    default="pmw",
+    show_default=True,
+    help="pmw: online private multiplicative weights; range_tree: hierarchical histogram.",
+)
+@click.option("--epsilon", type=float, required=True, help="Epsilon charged once for the stream.")
+@click.option("--delta", type=float, default=0.0, show_default=True)
+@click.option("--updates", type=int, default=None, help="pmw: updates before it is exhausted.")
+@click.option("--threshold", type=float, default=None, help="pmw: error threshold in rows.")
+@click.option(
+    "--expected-queries",
+    type=int,
+    default=DEFAULT_EXPECTED_QUERIES,
+    show_default=True,
+    help="pmw: sizes the default threshold.",
+)
+@click.option("--name", default=None, help="Name of the stream (default: derived).")
+@click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table")
+def stream_open(
+    database: str,
+    analyst: str,
+    table: str,
+    columns: tuple[str, ...],
+    mechanism: str,
+    epsilon: float,
+    delta: float,
+    updates: int | None,
+    threshold: float | None,
+    expected_queries: int,
+    name: str | None,
+    output_format: str,
+) -> None:
+    """Open a stream over TABLE's columns, charging (epsilon, delta) once."""
+    with connect(database, analyst=analyst) as session:
+        opened = session.open_stream(
+            table,
+            [_column(c) for c in columns],
+            mechanism=mechanism,
+            epsilon=epsilon,
+            delta=delta,
+            updates=updates,
+            threshold=threshold,
+            expected_queries=expected_queries,
+            name=name,
+        )
+    if output_format == "json":
+        click.echo(json.dumps(opened))
+        return
+    rows = [[k, json.dumps(v) if isinstance(v, list | dict) else v] for k, v in opened.items()]
+    print_table(f"Stream {opened['name']}", ["field", "value"], rows)
+    console.print(
+        f"charged epsilon={opened['epsilon']:g} delta={opened['delta']:g} once; COUNT(*) "
+        f"queries whose WHERE uses only {opened['key_column']} are now answered from it"
+    )
+
+
+def register(cli: click.Group) -> None:
+    cli.add_command(stream)

@@ -1,0 +1,472 @@
+"""A session's streams: open one (charged once), route later counts to it, answer, list.
+
+The session owns one :class:`StreamDesk`. Opening charges the stream's whole (ε, δ) before any
+data is read and builds it after the charge; answering records a zero-cost ledger entry naming
+the stream before anything about the data is computed, and (PMW) commits the stream's new state
+under an exclusive lock before the answer is returned. See :mod:`dpsql.engine.streams`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from sqlglot import exp
+
+from dpsql.accountant.events import PostProcessingEvent
+from dpsql.accountant.units import check_budget_value
+from dpsql.engine.results import QueryResult
+from dpsql.engine.streams import (
+    DEFAULT_EXPECTED_QUERIES,
+    STREAM_MECHANISMS,
+    Stream,
+    StreamColumn,
+    StreamExhaustedError,
+    StreamStore,
+    alignment_sql,
+    answerable,
+    cells_selected_sql,
+    dense_histogram,
+    histogram_sql,
+    now,
+    open_event,
+    stream_columns,
+    stream_params,
+)
+from dpsql.errors import (
+    FAILED_AFTER_CHARGE,
+    ExecutionError,
+    ParameterError,
+    UnsupportedQueryError,
+)
+from dpsql.mechanisms.hierarchical import HierarchicalHistogram, release_hierarchical
+from dpsql.mechanisms.pmw import OnlinePMW, PMWState
+from dpsql.sql.shape import QueryShape
+
+if TYPE_CHECKING:
+    from dpsql.accountant.ledger import LedgerEntry
+    from dpsql.engine.session import Session
+
+__all__ = ["StreamDesk", "StreamPlan", "describe_stream", "list_streams"]
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """Everything about a stream that is fixed before the charge."""
+
+    table: str
+    unit: str
+    max_rows_per_unit: int
+    columns: tuple[Any, ...]
+    mechanism: str
+    epsilon: float
+    delta: float
+    params: dict[str, Any]
+    name: str | None
+
+    @property
+    def query(self) -> str:
+        shown = ", ".join(f"{c.name}[{c.low}..{c.high}/{c.width}]" for c in self.columns)
+        return f"STREAM OPEN {self.mechanism} ON {self.table}({shown})"
+
+
+class StreamDesk:
+    """The streams of one session (see module docstring)."""
+
+    def __init__(self, session: Session, store: StreamStore):
+        self._session = session
+        self._store = store
+        self._histograms: dict[str, np.ndarray] = {}
+        self._trees: dict[str, HierarchicalHistogram] = {}
+        self._pmw: dict[str, OnlinePMW] = {}
+
+    def close(self) -> None:
+        self._store.close()
+
+    # --- opening ----------------------------------------------------------------------------------
+    def plan(
+        self,
+        table: str,
+        columns: list[tuple[str, int]],
+        *,
+        mechanism: str,
+        epsilon: float,
+        delta: float,
+        updates: int | None,
+        threshold: float | None,
+        expected_queries: int,
+        name: str | None,
+    ) -> StreamPlan:
+        """Check and price a stream from the policy alone (reads no data)."""
+        session = self._session
+        session.policy = session._load_policy()
+        catalog = session._visible_catalog()
+        found = next((t for t in catalog if t.lower() == table.lower()), None)
+        policy = session.policy.table(table)
+        if found is None or policy is None:
+            raise ParameterError(f"unknown table {table!r}")
+        declared = {
+            column: policy.column(column).bounds
+            for column in catalog[found]
+            if policy.column(column).bounds is not None
+        }
+        chosen = stream_columns(columns, catalog[found], declared)
+        epsilon = check_budget_value("epsilon", epsilon, allow_zero=False)
+        delta = check_budget_value("delta", delta, allow_zero=True)
+        params = stream_params(
+            mechanism,
+            chosen,
+            epsilon=epsilon,
+            delta=delta,
+            sensitivity=policy.max_rows_per_unit,
+            updates=updates,
+            threshold=threshold,
+            expected_queries=expected_queries,
+        )
+        params["salt"] = int(session.rng.integers(0, 2**62))
+        if name is not None and (not name.isidentifier() or len(name) > 64):
+            raise ParameterError(f"a stream name is an identifier of <= 64 characters: {name!r}")
+        if name is not None and any(s.name == name for s in self._store.all()):
+            raise ParameterError(f"a stream named {name!r} exists already")
+        return StreamPlan(
+            found,
+            policy.privacy_unit,
+            policy.max_rows_per_unit,
+            chosen,
+            mechanism,
+            epsilon,
+            delta,
+            params,
+            name,
+        )
+
+    def plan_for_query(
+        self, shape: QueryShape, mechanism: str, epsilon: float | None, delta: float | None
+    ) -> StreamPlan:
+        """``OPTIONS(mechanism='pmw'|'range_tree')`` on a COUNT(*) that no stream answers: a
+        stream over the WHERE's columns (bin width 1) at the query's (ε, δ)."""
+        options = shape.options
+        dataset = self._session.policy.dataset
+        if epsilon is None:
+            epsilon = options.get("epsilon", dataset.default_query_epsilon)
+        if epsilon is None:
+            raise ParameterError(
+                f"mechanism {mechanism!r} opens a stream: give its epsilon (epsilon=..., "
+                "OPTIONS(epsilon=...)) or set dataset.default_query_epsilon"
+            )
+        if delta is None:
+            delta = options.get("delta", dataset.default_query_delta)
+        columns = sorted({c.name for c in shape.where.find_all(exp.Column)} if shape.where else [])
+        placeholders = tuple(StreamColumn(c, "", 0, 1, 1) for c in columns)
+        probe = Stream("", "", shape.table, placeholders, mechanism, 0, 0, 0, {}, b"", "{}", 0)
+        if not columns or not answerable(shape, probe):
+            raise UnsupportedQueryError(
+                f"mechanism {mechanism!r} opens a stream from an ungrouped SELECT COUNT(*) with a "
+                "WHERE on the columns to stream; use `dpsql stream open` for other shapes"
+            )
+        return self.plan(
+            shape.table,
+            [(c, 1) for c in columns],
+            mechanism=mechanism,
+            epsilon=epsilon,
+            delta=delta,
+            updates=None,
+            threshold=None,
+            expected_queries=DEFAULT_EXPECTED_QUERIES,
+            name=None,
+        )
+
+    def explain_opening(self, plan: StreamPlan, normalized: str) -> dict[str, Any]:
+        return {
+            "query": normalized,
+            "plan": {
+                "mechanism": "stream",
+                "opens": {
+                    "mechanism": plan.mechanism,
+                    "table": plan.table,
+                    "columns": [c.to_dict() for c in plan.columns],
+                    "params": {k: v for k, v in plan.params.items() if k != "salt"},
+                },
+                "why": "OPTIONS(mechanism=...) asks for a stream and none answers this query: "
+                "one is opened (charged once) and answers this and later queries",
+            },
+            "cost": {"epsilon": plan.epsilon, "delta": plan.delta},
+            "draws_on": [],
+        }
+
+    def charge(self, plan: StreamPlan) -> LedgerEntry:
+        event = open_event(plan.mechanism, plan.epsilon, plan.delta, plan.columns, plan.params)
+        return self._session.charge(
+            event,
+            query=plan.query,
+            plan={"columns": [c.to_dict() for c in plan.columns], **plan.params},
+            mechanism=f"stream:{plan.mechanism}",
+        )
+
+    def build(self, plan: StreamPlan, entry: LedgerEntry) -> dict[str, Any]:
+        """Read the bounded histogram and release the structure (after the charge)."""
+        histogram = self._read_histogram(
+            plan.table, plan.unit, plan.max_rows_per_unit, plan.columns, plan.params["salt"]
+        )
+        params = plan.params
+        rng = self._session.rng
+        if plan.mechanism == "range_tree":
+            tree = release_hierarchical(
+                histogram,
+                epsilon=plan.epsilon,
+                sensitivity=params["sensitivity"],
+                branching=params["branching"],
+                rng=rng,
+            )
+            data, state = tree.to_bytes(), "{}"
+        else:
+            pmw = self._new_pmw(histogram, plan.epsilon, plan.delta, params)
+            data, state = pmw.state().arrays(), pmw.state().header()
+        name = plan.name or (
+            f"{plan.table}_{'_'.join(c.name for c in plan.columns)}_{plan.mechanism}_{entry.seq}"
+        )
+        stream = Stream(
+            name,
+            now(),
+            plan.table,
+            plan.columns,
+            plan.mechanism,
+            plan.epsilon,
+            plan.delta,
+            entry.seq,
+            params,
+            data,
+            state,
+            0,
+        )
+        self._store.save(stream)
+        self._histograms[name] = histogram
+        return self._describe(stream)
+
+    def _read_histogram(
+        self, table: str, unit: str, rows: int, columns: tuple[Any, ...], salt: int
+    ) -> np.ndarray:
+        cells = int(np.prod([c.cells for c in columns]))
+        sql = histogram_sql(table, unit, rows, columns, salt)
+        return dense_histogram(self._session._read(sql, "reading the stream's histogram"), cells)
+
+    def _new_pmw(
+        self,
+        histogram: np.ndarray,
+        epsilon: float,
+        delta: float,
+        params: dict[str, Any],
+        state: PMWState | None = None,
+    ) -> OnlinePMW:
+        return OnlinePMW(
+            histogram,
+            epsilon=epsilon,
+            delta=delta,
+            updates=params["updates"],
+            threshold=params["threshold"],
+            sensitivity=params["sensitivity"],
+            count_share=params["count_share"],
+            value_share=params["value_share"],
+            replays=params["replays"],
+            rng=self._session.rng,
+            state=state,
+        )
+
+    # --- routing and answering --------------------------------------------------------------------
+    @staticmethod
+    def requested(shape: QueryShape, mechanism: str | None) -> str | None:
+        """The stream mechanism the query asks for (argument or OPTIONS), if any."""
+        chosen = mechanism or shape.options.get("mechanism")
+        return chosen if chosen in STREAM_MECHANISMS else None
+
+    def route(self, shape: QueryShape, mechanism: str | None) -> Stream | None:
+        """The newest stream this analyst may use that answers ``shape`` (of the mechanism the
+        query asks for, if it names one), or None (fresh noise)."""
+        if (mechanism or shape.options.get("mechanism")) == "laplace":
+            return None
+        wanted = self.requested(shape, mechanism)
+        candidates = [
+            s
+            for s in self._store.for_table(shape.table, self._session._synopsis_owner())
+            if answerable(shape, s) and wanted in (None, s.mechanism)
+        ]
+        for stream in candidates:
+            if stream.mechanism == "range_tree" or _updates_left(stream) > 0:
+                return stream
+        if candidates:
+            raise StreamExhaustedError(
+                f"stream {candidates[0].name!r} spent its {candidates[0].params['updates']} "
+                "updates and answers no further queries; open a new stream or ask with "
+                "mechanism='laplace' for a freshly charged answer"
+            )
+        return None
+
+    def explain(self, stream: Stream, normalized: str) -> dict[str, Any]:
+        return {
+            "query": normalized,
+            "plan": {
+                "mechanism": "stream",
+                "stream": self._describe(stream),
+                "why": f"a COUNT(*) whose WHERE uses only the columns of stream {stream.name!r}"
+                " is answered from it as post-processing (no budget)",
+            },
+            "cost": {"epsilon": 0.0, "delta": 0.0},
+            "draws_on": [],
+        }
+
+    def _selected(self, shape: QueryShape, stream: Stream) -> np.ndarray:
+        """The cells the WHERE selects, decided by DuckDB over the cells' values (no data)."""
+        if shape.where is None:
+            return np.ones(stream.cells, dtype=bool)
+        for column in stream.columns:
+            check = alignment_sql(shape.where, column)
+            if check is not None and not bool(self._session.backend.run(check).iloc[0, 0]):
+                raise UnsupportedQueryError(
+                    f"the WHERE splits a cell of {column.name!r} (cells of width {column.width} "
+                    f"from {column.low}); use bounds on cell edges to be answered by stream "
+                    f"{stream.name!r}, or mechanism='laplace'"
+                )
+        frame = self._session.backend.run(cells_selected_sql(shape.where, stream.columns))
+        selected = np.zeros(stream.cells, dtype=bool)
+        selected[frame["cell"].to_numpy(dtype=np.int64)] = True
+        return selected
+
+    def answer(self, stream: Stream, shape: QueryShape, normalized: str) -> QueryResult:
+        """Answer from ``stream``: zero-cost ledger entry first, then the (PMW: committed)
+        answer."""
+        selected = self._selected(shape, stream)
+        entry = self._session.charge(
+            PostProcessingEvent(f"stream:{stream.name}", "COUNT(*)"),
+            query=normalized,
+            plan={"stream": stream.name},
+            mechanism="stream",
+        )
+        confidence = self._session.policy.dataset.confidence
+        if stream.mechanism == "range_tree":
+            tree = self._trees.get(stream.name)
+            if tree is None:
+                tree = self._trees[stream.name] = HierarchicalHistogram.from_bytes(stream.data)
+            found = tree.answer_cells(selected, confidence)
+            value, interval = found.value, (found.lower, found.upper)
+            details: dict[str, Any] = {
+                "stream": stream.name,
+                "guarantee": "the interval covers the bounded count with the stated confidence "
+                "(Chernoff bound on the consistent tree's exact discrete Laplace noise)",
+            }
+            scale = float(tree.scale)
+        else:
+            value, interval, details, scale = _one_message(
+                lambda: self._ask(stream, selected, confidence)
+            )
+        (name,) = shape.column_names
+        return QueryResult(
+            columns=[name],
+            rows=[(value,)],
+            intervals={name: [interval]},
+            noise_scale={name: scale},
+            confidence=confidence,
+            details=details,
+            measures={
+                name: f"rows inside stream {stream.name!r}'s domain, at most "
+                f"{stream.params['sensitivity']} per person"
+            },
+            epsilon=0.0,
+            delta=0.0,
+            mechanism=f"stream:{stream.name}",
+            analyst=self._session.analyst,
+            ledger_entry=entry.seq,
+        )
+
+    def _pmw_for(self, stream: Stream) -> OnlinePMW:
+        pmw = self._pmw.get(stream.name)
+        if pmw is None:
+            histogram = self._histograms.get(stream.name)
+            if histogram is None:
+                policy = self._session.policy.table(stream.table)
+                assert policy is not None
+                histogram = self._read_histogram(
+                    stream.table,
+                    policy.privacy_unit,
+                    int(stream.params["sensitivity"]),
+                    stream.columns,
+                    stream.params["salt"],
+                )
+                self._histograms[stream.name] = histogram
+            state = PMWState.from_parts(stream.state, stream.data)
+            pmw = self._new_pmw(histogram, stream.epsilon, stream.delta, stream.params, state)
+            self._pmw[stream.name] = pmw
+        return pmw
+
+    def _ask(
+        self, stream: Stream, selected: np.ndarray, confidence: float
+    ) -> tuple[float, tuple[float, float], dict[str, Any], float]:
+        def step(current: Stream) -> tuple[str, bytes | None, Any]:
+            pmw = self._pmw_for(current)
+            pmw.load_state(PMWState.from_parts(current.state, current.data))
+            if pmw.halted:
+                raise StreamExhaustedError(
+                    f"stream {current.name!r} spent its {pmw.plan.c} updates and answers no "
+                    "further queries; open a new stream or ask with mechanism='laplace'"
+                )
+            answer = pmw.ask(selected)
+            state = pmw.state()
+            return state.header(), state.arrays() if answer.updated else None, (answer, pmw)
+
+        answer, pmw = self._store.advance(stream.name, step)
+        alpha = pmw.alpha(max(pmw.queries_seen, 1), 1.0 - confidence)
+        details = {
+            "stream": stream.name,
+            "updated": answer.updated,
+            "updates_left": answer.updates_left,
+            "alpha": alpha,
+            "guarantee": "with the stated confidence, every answer of the stream so far is "
+            "within alpha of the bounded count (sparse vector accuracy, notes Thm 4; online "
+            "PMW, notes Thm 5)",
+        }
+        value = answer.value
+        scale = float(pmw.plan.value_scale or 0)
+        return value, (value - alpha, value + alpha), details, scale
+
+    # --- listing ----------------------------------------------------------------------------------
+    def _describe(self, stream: Stream) -> dict[str, Any]:
+        return describe_stream(stream)
+
+    def listing(self) -> list[dict[str, Any]]:
+        return list_streams(self._store, self._session._synopsis_owner())
+
+
+def _one_message(work: Callable[[], Any]) -> Any:
+    """``work()``; an exhausted stream says so, any other failure (it may depend on the rows the
+    stream reads) is the one data-independent ``ExecutionError``, without an exception chain."""
+    outcome: Any = None
+    try:
+        outcome = work()
+    except StreamExhaustedError:
+        raise
+    except Exception:
+        outcome = None
+    if outcome is None:
+        raise ExecutionError(FAILED_AFTER_CHARGE)
+    return outcome
+
+
+def _updates_left(stream: Stream) -> int:
+    """Public: how many updates (⊤ answers, which are released) remain."""
+    return int(stream.params["updates"]) - int(json.loads(stream.state)["sparse"][1])
+
+
+def describe_stream(stream: Stream) -> dict[str, Any]:
+    """A stream's public description, in the columns ``dpsql synopses`` prints."""
+    described = stream.describe(_updates_left(stream) if stream.mechanism == "pmw" else None)
+    described.update(
+        key_column=", ".join(c.name for c in stream.columns), filters=[], bytes=len(stream.data)
+    )
+    return described
+
+
+def list_streams(store: StreamStore, owner: str | None) -> list[dict[str, Any]]:
+    """The streams ``owner`` may use (every stream when None), described."""
+    return [describe_stream(s) for s in store.all(owner)]
