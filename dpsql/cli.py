@@ -21,6 +21,7 @@ from dpsql.cli_serve import serve_demo
 from dpsql.cli_streams import register as register_streams
 from dpsql.engine import contributions as contribution_defaults
 from dpsql.engine import demo as demo_data
+from dpsql.engine.planner import MECHANISM_NAMES
 from dpsql.engine.results import LEDGER_COLUMNS, BudgetReport, QueryResult
 from dpsql.engine.session import (
     connect,
@@ -32,22 +33,12 @@ from dpsql.engine.session import (
     set_policy,
     show_policy,
 )
+from dpsql.engine.streams import STREAM_MECHANISMS
 from dpsql.errors import DpsqlError, LedgerError
 
 _mechanism = click.option(
     "--mechanism",
-    type=click.Choice(
-        [
-            "laplace",
-            "threshold",
-            "threshold_laplace",
-            "threshold_gaussian",
-            "weighted",
-            "alp",
-            "pmw",
-            "range_tree",
-        ]
-    ),
+    type=click.Choice([*MECHANISM_NAMES, *STREAM_MECHANISMS]),
     default=None,
     help="How keys of a GROUP BY column without public keys are released (default: the one "
     "releasing the most keys; alp: threshold + ALP synopsis); laplace forces fresh noise instead "

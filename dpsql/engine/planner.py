@@ -524,6 +524,8 @@ _MECHANISMS = {
     "alp": "combined",
     "combined": "combined",
 }
+MECHANISM_NAMES: tuple[str, ...] = tuple(_MECHANISMS)
+"""What ``mechanism=`` may name for a query the planner answers (query streams add theirs)."""
 
 
 def _bounds(table: TablePolicy) -> Bounds:

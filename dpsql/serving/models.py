@@ -11,6 +11,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from dpsql.engine.planner import MECHANISM_NAMES
+from dpsql.engine.streams import STREAM_MECHANISMS
+
 __all__ = [
     "ExplainResponse",
     "Me",
@@ -31,19 +34,7 @@ class QueryRequest(BaseModel):
     sql: str = Field(min_length=1, description="the SQL; OPTIONS(...) in it work as on the CLI")
     epsilon: float | None = Field(None, description="epsilon of this query")
     delta: float | None = Field(None, description="delta of this query")
-    mechanism: (
-        Literal[
-            "laplace",
-            "threshold",
-            "threshold_laplace",
-            "threshold_gaussian",
-            "weighted",
-            "alp",
-            "pmw",
-            "range_tree",
-        ]
-        | None
-    ) = Field(
+    mechanism: Literal[(*MECHANISM_NAMES, *STREAM_MECHANISMS)] | None = Field(  # type: ignore[valid-type]
         None,
         description="how keys without public keys are released; laplace skips synopses and "
         "streams; pmw / range_tree answer a COUNT(*) from a query stream, opening one",
