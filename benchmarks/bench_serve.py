@@ -8,9 +8,9 @@ exactly K. Every loop is bounded; the script stops by itself.
     .venv/bin/python benchmarks/bench_serve.py [--rows 100000] [--pairs 200] [--repeats 60]
         [--workers 2]
 
-The 1-client latency interleaves the three clients turn by turn (local API, HTTP, remote client),
-so load from elsewhere on the machine slows all three alike; the concurrency table's ratios are
-against that local median.
+The 1-client latency takes the three clients (local API, HTTP, remote client) in rotating blocks
+of 10 queries, so load from elsewhere on the machine slows all three alike; the concurrency
+table's ratios are against that local median.
 """
 
 from __future__ import annotations
@@ -38,10 +38,12 @@ ROOMY = DEMO_POLICY.replace("epsilon = 10.0", "epsilon = 1000000.0").replace(
 )
 
 
-def paired_latencies(server: Server, repeats: int) -> dict[str, list[float]]:
-    """One query through each client in turn, ``repeats`` times, so that whatever else the
-    machine does at a moment slows every client alike: the local API, ``POST /v1/query`` on a
-    keep-alive ``http.client`` connection, and the remote client ``dpsql.connect(url)`` (httpx)."""
+def paired_latencies(server: Server, repeats: int, block: int = 10) -> dict[str, list[float]]:
+    """Queries through each client in turn, in blocks of ``block``, ``repeats`` per client: the
+    local API, ``POST /v1/query`` on a keep-alive ``http.client`` connection, and the remote client
+    ``dpsql.connect(url)`` (httpx). Blocks in rotating order spread load from elsewhere on the
+    machine over all three alike; within a block the process answering is warm (alternating every
+    query would make each process re-read the ledger pages the other just wrote)."""
     body = {"sql": SQL, "epsilon": 0.001}
     kept = connection(server.url)
     with (
@@ -58,13 +60,15 @@ def paired_latencies(server: Server, repeats: int) -> dict[str, list[float]]:
             "remote": lambda: remote.execute(SQL, epsilon=0.001),
         }
         samples: dict[str, list[float]] = {name: [] for name in clients}
-        for turn in range(repeats + 3):
+        rounds = max(1, repeats // block)
+        for turn in range(rounds):
             names = list(clients)
             names = names[turn % 3 :] + names[: turn % 3]  # no client always goes first
             for name in names:
-                began = time.perf_counter()
-                clients[name]()
-                if turn >= 3:  # the first turns warm up
+                clients[name]()  # the first query of a block warms the process up
+                for _ in range(block):
+                    began = time.perf_counter()
+                    clients[name]()
                     samples[name].append(time.perf_counter() - began)
     kept.close()
     return samples
@@ -74,7 +78,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=60, help="requests per concurrency level")
-    parser.add_argument("--pairs", type=int, default=200, help="interleaved turns at 1 client")
+    parser.add_argument("--pairs", type=int, default=200, help="queries per client at 1 client")
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     workers = ("--workers", str(args.workers), "--rate-limit", "1000000")
@@ -84,7 +88,7 @@ def main() -> None:
             print(f"COUNT(*) over {args.rows} rows; service with {args.workers} worker(s)")
             paired = paired_latencies(server, args.pairs)
             local_median = statistics.median(paired["local"])
-            print(f"1 client, {args.pairs} interleaved turns (local, HTTP, remote client):")
+            print(f"1 client, {args.pairs} queries each, in rotating blocks of 10:")
             print(f"  local Python API:              median {local_median * 1e3:.2f} ms")
             for name, label in (
                 ("http", "POST /v1/query (http.client)"),
