@@ -35,6 +35,7 @@ OPTION_TYPES: Mapping[str, type] = {
     "delta": float,
     "mechanism": str,
     "max_answers": float,
+    "quantile_candidates": float,
 }
 """Options accepted in ``WITH DIFFERENTIAL_PRIVACY OPTIONS(...)``, with their types."""
 
