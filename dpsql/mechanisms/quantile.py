@@ -80,7 +80,7 @@ __all__ = [
 ]
 
 DEFAULT_CANDIDATES = 1024
-"""Grid points ``G`` over the declared bounds (the answer's resolution is ``(high - low) / 1023``)."""
+"""Grid points ``G`` over the declared bounds (resolution ``(high - low) / 1023``)."""
 
 MAX_QUANTILE_DENOMINATOR = 10**6
 """A quantile is an exact decimal with at most six digits after the point."""
@@ -106,9 +106,7 @@ def quantile_fraction(value: str | float | Fraction) -> Fraction:
     if not 0 <= q <= 1:
         raise ParameterError(f"a quantile must be in [0, 1], got {value}")
     if q.denominator > MAX_QUANTILE_DENOMINATOR:
-        raise ParameterError(
-            f"a quantile is given with at most six decimals, got {value!r}"
-        )
+        raise ParameterError(f"a quantile is given with at most six decimals, got {value!r}")
     return q
 
 

@@ -406,7 +406,8 @@ def bounded_aggregate(
             before = f"(__rows_through - {kept})"
             kept = f"GREATEST(0.0, LEAST({kept}, {int(bounds.max_rows_per_unit)}.0 - {before}))"
     if histogram is not None:
-        return _in_dialect(_histogram(shape, histogram, ctes, previous, kept, keys, public_keys), dialect)
+        sql = _histogram(shape, histogram, ctes, previous, kept, keys, public_keys)
+        return _in_dialect(sql, dialect)
     aggregates = []
     for i, measure in enumerate(measures):
         # Multiply before dividing: a cell that keeps all its rows is reproduced exactly.

@@ -87,7 +87,7 @@ class AggregateKind(Enum):
     PERSONS = "persons"
     """``COUNT(DISTINCT <privacy unit>)``."""
     QUANTILE = "quantile"
-    """``MEDIAN``, ``quantile_cont``, ``percentile_cont ... WITHIN GROUP`` (``dpsql.sql.quantiles``)."""
+    """``MEDIAN``, ``quantile_cont``, ``percentile_cont`` (``dpsql.sql.quantiles``)."""
 
 
 @dataclass(frozen=True)
