@@ -43,7 +43,9 @@ def test_options_are_floats_even_when_written_as_integers_or_strings() -> None:
     parsed = parse(f"{DP}(epsilon=2, delta='1e-7') COUNT(*) FROM t")
     assert parsed.options == {"epsilon": 2.0, "delta": 1e-7}
     assert all(type(value) is float for value in parsed.options.values())
-    assert set(OPTION_TYPES) == {"epsilon", "delta", "mechanism", "max_answers"}
+    assert set(OPTION_TYPES) == {
+        "epsilon", "delta", "mechanism", "max_answers", "quantile_candidates"
+    }
     assert parse(f"{DP}(mechanism='alp') COUNT(*) FROM t").options == {"mechanism": "alp"}
 
 
