@@ -120,7 +120,7 @@ class QuantilePlan:
 
     def rank_error(self, confidence: float) -> float:
         return quantile.rank_error_bound(
-            self.sensitivity, self.epsilon, self.candidates, 1 - confidence
+            self.sensitivity, self.epsilon, self.candidates, 1 - confidence, self.q
         )
 
     def describe(self, confidence: float) -> dict[str, Any]:
@@ -174,8 +174,8 @@ class QueryPlan:
                 "column's bounds, sampled with permute-and-flip (McKenna & Sheldon 2020); the "
                 "utility is minus the distance of a candidate's rank from q*n, computed from one "
                 "bounded histogram in the database; with probability >= confidence the chosen "
-                "candidate's rank error is at most 2*sensitivity/epsilon*ln(candidates/(1 - "
-                "confidence)) rows beyond the best grid point's"
+                "candidate's rank error is at most 2*max(q, 1-q)*sensitivity/epsilon*"
+                "ln(candidates/(1 - confidence)) rows beyond the best grid point's"
             )
         if self.auto_bounds is not None:
             return (

@@ -24,17 +24,19 @@ Sensitivity (the proof)
 Neighbours differ by one person (privacy unit), whose kept rows weigh ``w <= Δ`` in the group
 (``Δ`` from the policy alone; see ``docs/sql_shapes.md``). Adding the person changes ``L_j`` by
 some ``0 <= x <= w`` (their weight below ``c_j``) and ``n`` by ``w``, so ``d L_j - a n`` changes by
-``d x - a w``, which lies in ``[-a w, (d - a) w]``; with ``0 <= a <= d`` its absolute value is at
-most ``d w <= d Δ``. The absolute value is 1-Lipschitz, so ``Δu = d Δ``. Across the groups of a
-GROUP BY over public keys the person's weights ``w_g`` sum to at most ``Δ``; permute-and-flip
-run with ``ε / Δu`` on a utility that moves by ``d w_g`` is ``(ε w_g / Δ)``-DP (the mechanism
-only reads the ratio ``ε / Δu``), so the groups together cost ``ε Σ w_g / Δ <= ε``.
+``d x - a w``, which lies in ``[-a w, (d - a) w]``: its absolute value is at most
+``max(a, d - a) w``. The absolute value is 1-Lipschitz, so ``Δu = max(a, d - a) Δ`` (``Δ`` for
+the median, ``a = 1, d = 2``; removing the person is the same change reversed). Across the
+groups of a GROUP BY over public keys the person's weights ``w_g`` sum to at most ``Δ``;
+permute-and-flip run with ``ε / Δu`` on a utility that moves by at most ``max(a, d - a) w_g`` is
+``(ε w_g / Δ)``-DP (the mechanism only reads the ratio ``ε / Δu``), so the groups together cost
+``ε Σ w_g / Δ <= ε``. Weights in units of ``1 / weight`` row scale ``Δ`` and every utility alike.
 
 Sampling exactly
 ----------------
 Visiting in a random order and stopping at the first head is the same distribution as flipping
 every coin (independently) and returning a uniformly random head: the order is independent of
-the coins, so the first head in it is uniform among the heads. The candidate with ``u* `` always
+the coins, so the first head in it is uniform among the heads. The candidate with ``u*`` always
 comes up heads, so there is one. Each coin is ``Bernoulli(exp(-γ))`` with a rational
 ``γ = ε' (u* - u_r) / (2 Δu)``, where ``ε' <= ε`` is ε rounded *down* to a dyadic rational (a
 smaller ε only adds privacy), sampled exactly as ``exp(-1)^⌊γ⌋ · exp(-{γ})``: a geometric count
@@ -46,7 +48,8 @@ Accuracy
 --------
 With probability at least ``1 - β`` the chosen candidate's utility is within
 ``2 Δu / ε · ln(G / β)`` of the best (McKenna and Sheldon, Theorem 2 with the exponential
-mechanism's bound): its rank ``L_j`` is within ``2 Δ / ε · ln(G / β)`` rows of ``q n`` beyond
+mechanism's bound): its rank ``L_j`` is within ``2 max(q, 1 - q) Δ / ε · ln(G / β)`` rows of
+``q n`` beyond
 the best grid point's own distance (at most the weight of one bin). The bound is a property of
 the mechanism, not of the data.
 """
@@ -77,6 +80,7 @@ __all__ = [
     "rank_error_bound",
     "rank_utilities",
     "release_quantiles",
+    "utility_sensitivity",
 ]
 
 DEFAULT_CANDIDATES = 1024
@@ -184,10 +188,17 @@ def permute_and_flip(
     return np.argmax(np.cumsum(heads, axis=1) > pick[:, None], axis=1)
 
 
-def rank_error_bound(sensitivity: float, epsilon: float, size: int, beta: float) -> float:
-    """Rows of rank error ``2 Δ / ε · ln(G / β)`` the chosen candidate stays within (beyond the
-    best grid point) with probability ``>= 1 - β``."""
-    return 2.0 * sensitivity / epsilon * math.log(size / beta)
+def rank_error_bound(
+    sensitivity: float, epsilon: float, size: int, beta: float, q: Fraction = Fraction(1)
+) -> float:
+    """Rows of rank error ``2 max(q, 1 - q) Δ / ε · ln(G / β)`` the chosen candidate stays within
+    (beyond the best grid point) with probability ``>= 1 - β``."""
+    return 2.0 * float(max(q, 1 - q)) * sensitivity / epsilon * math.log(size / beta)
+
+
+def utility_sensitivity(q: Fraction, sensitivity: int, weight: int = 1) -> int:
+    """``Δu = max(a, d - a) Δ weight`` for ``q = a / d`` (see the module's proof)."""
+    return max(q.numerator, q.denominator - q.numerator) * sensitivity * weight
 
 
 @dataclass(frozen=True)
@@ -220,13 +231,13 @@ def release_quantiles(
     grid = candidates(low, high, histograms.shape[1])
     utilities = rank_utilities(histograms, q)
     chosen = permute_and_flip(
-        utilities, epsilon=epsilon, sensitivity=sensitivity * weight * q.denominator, rng=rng
+        utilities, epsilon=epsilon, sensitivity=utility_sensitivity(q, sensitivity, weight), rng=rng
     )
     return QuantileRelease(
         values=grid[chosen],
         indices=chosen,
         candidates=grid.size,
         sensitivity=sensitivity,
-        rank_error=rank_error_bound(sensitivity, epsilon, grid.size, 1 - confidence),
+        rank_error=rank_error_bound(sensitivity, epsilon, grid.size, 1 - confidence, q),
         confidence=confidence,
     )
