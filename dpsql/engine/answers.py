@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from dpsql.accountant.ledger import LedgerEntry
-from dpsql.engine.planner import MECHANISM, QueryPlan, literal_text
+from dpsql.engine.planner import MECHANISM, QUANTILE_WEIGHT, QueryPlan, literal_text
 from dpsql.engine.results import QueryResult
 from dpsql.mechanisms import combined, svt, threshold
 from dpsql.mechanisms.combined import CombinedRelease
@@ -35,9 +35,7 @@ __all__ = [
     "range_answer",
 ]
 
-QUANTILE_WEIGHT = 1024
-"""Histogram units per row for quantiles: a cell scaled down by a contribution bound loses less
-than 1/1024 row per bin to rounding."""
+
 
 ALP_ROWS_PER_KEY = 10
 """Sketch rows per expected key: collision probability about 0.1 (the paper's Fig. 3 setting)."""

@@ -699,6 +699,11 @@ def _plan_quantiles(
         raise ParameterError(
             f"quantile_candidates must be an integer in [2, {MAX_CANDIDATES}], got {option:g}"
         )
+    if max(table.max_rows_per_group, table.max_rows_per_unit) * QUANTILE_WEIGHT > 2**31:
+        raise PolicyError(
+            "quantiles need max_rows_per_group and max_rows_per_unit of at most 2**21 (the "
+            "histogram's integer weights must not overflow)"
+        )
     shares = _split(epsilon, len(shape.aggregates))
     plans = []
     for aggregate, share in zip(shape.aggregates, shares, strict=True):
@@ -714,6 +719,10 @@ def _plan_quantiles(
         if not low < high:
             raise PolicyError(f"bounds of {text!r} are one point; a quantile needs low < high")
         assert aggregate.quantile is not None
+        # Refuses, before the charge, an ε too small for the exact sampler's arithmetic.
+        quantile.epsilon_used(
+            share, quantile.utility_sensitivity(aggregate.quantile, sensitivity, QUANTILE_WEIGHT)
+        )
         plans.append(
             QuantilePlan(
                 column, aggregate.name, aggregate.quantile, low, high, int(option), share,
@@ -722,6 +731,10 @@ def _plan_quantiles(
         )  # fmt: skip
     return tuple(plans)
 
+
+QUANTILE_WEIGHT = 1024
+"""Histogram units per row for quantiles: a cell scaled down by a contribution bound loses less
+than 1/1024 row per bin to rounding."""
 
 MAX_CANDIDATES = 2**16
 """Largest grid of quantile candidates (``OPTIONS(quantile_candidates=...)``)."""

@@ -75,6 +75,7 @@ __all__ = [
     "MAX_QUANTILE_DENOMINATOR",
     "QuantileRelease",
     "candidates",
+    "epsilon_used",
     "permute_and_flip",
     "quantile_fraction",
     "rank_error_bound",
@@ -150,6 +151,16 @@ def _dyadic_below(epsilon: Fraction, limit_bits: int) -> Fraction:
     return rounded
 
 
+def epsilon_used(epsilon: float | Fraction, sensitivity: int) -> Fraction:
+    """The dyadic ``ε' <= ε`` permute-and-flip runs with for a utility of ``sensitivity``
+    (``2 Δu 2**k < 2**62``); ParameterError when none is left."""
+    exact = _positive_finite("epsilon", epsilon)
+    room = 62 - (2 * sensitivity).bit_length()
+    if room < 1:
+        raise ParameterError(f"sensitivity {sensitivity} is too large for a quantile")
+    return _dyadic_below(exact, room)
+
+
 def permute_and_flip(
     utilities: np.ndarray,
     *,
@@ -165,12 +176,8 @@ def permute_and_flip(
     scores = np.asarray(utilities)
     if scores.ndim != 2 or scores.shape[1] == 0:
         raise ParameterError("utilities must be a 2-d array with at least one candidate")
-    exact = _positive_finite("epsilon", epsilon)
+    rounded = epsilon_used(epsilon, sensitivity)
     span = 2 * sensitivity
-    room = 62 - span.bit_length()
-    if room < 1:
-        raise ParameterError(f"sensitivity {sensitivity} is too large for a quantile")
-    rounded = _dyadic_below(exact, room)
     # γ = ε' (u* - u) / (2 Δu) = num / den, den = 2 Δu 2**k < 2**62.
     den = span * rounded.denominator
     gaps = (scores.max(axis=1, keepdims=True) - scores).astype(object).ravel()

@@ -467,7 +467,9 @@ def _histogram(
         f"WHERE __bin IS NOT NULL GROUP BY {unit_and_keys}, __bin)"
     )
     on = " AND ".join(f"b.{k} = s.{k}" for k in ["__unit", *keys])
-    weight = f"(b.__n * {int(histogram.weight)} * s.__kept) // s.__rows"
+    # n is capped at 2**31 and weight * kept <= 2**31 (the planner's check): no BIGINT overflows,
+    # and a smaller n only lowers the cell's weights, whose sum stays <= weight * kept.
+    weight = f"(LEAST(b.__n, {2**31}) * {int(histogram.weight)} * s.__kept) // s.__rows"
     outputs = [
         f"{f'CAST(b.{k} AS VARCHAR)' if c in public_keys else f'b.{k}'} AS {_identifier(c)}"
         for c, k in zip(shape.group_by, keys, strict=True)

@@ -229,3 +229,13 @@ def test_the_raw_histogram_twin_moves_by_every_row_of_the_person(
 ) -> None:
     without, with_person = (_histogram(db, bounded=False) for db in neighbours)
     assert _moved(without, with_person) == 8 * QUANTILE_WEIGHT > 2 * QUANTILE_WEIGHT
+
+
+def test_an_epsilon_too_small_for_the_exact_sampler_is_refused_before_the_charge(
+    panel: Path,
+) -> None:
+    with seeded_connect(panel, analyst="a", rng=np.random.default_rng(6)) as session:
+        before = session.budget().for_analyst("a").epsilon_spent
+        with pytest.raises(ParameterError, match="too small for a quantile"):
+            session.execute("SELECT MEDIAN(hours) FROM males", epsilon=1e-12)
+        assert session.budget().for_analyst("a").epsilon_spent == before
