@@ -106,7 +106,7 @@ class AutoBounds:
 
 @dataclass(frozen=True)
 class QuantilePlan:
-    """One DP quantile: permute-and-flip over ``candidates`` grid points of ``[low, high]``, the
+    """One DP quantile: permute-and-flip over ``candidates`` equal bins of ``[low, high]``, the
     rank utility having sensitivity ``sensitivity`` rows (``dpsql.mechanisms.quantile``)."""
 
     column: str
@@ -130,7 +130,7 @@ class QuantilePlan:
             "q": str(self.q),
             "bounds": [self.low, self.high],
             "candidates": self.candidates,
-            "grid_step": (self.high - self.low) / (self.candidates - 1),
+            "bin_width": (self.high - self.low) / self.candidates,
             "epsilon": self.epsilon,
             "rank_sensitivity": self.sensitivity,
             f"rank_error_with_probability_{confidence:g}": self.rank_error(confidence),
@@ -170,12 +170,12 @@ class QueryPlan:
         """Why this mechanism: what EXPLAIN shows."""
         if self.quantiles:
             return (
-                "quantile: the exponential mechanism over a public grid of candidates in the "
-                "column's bounds, sampled with permute-and-flip (McKenna & Sheldon 2020); the "
-                "utility is minus the distance of a candidate's rank from q*n, computed from one "
-                "bounded histogram in the database; with probability >= confidence the chosen "
-                "candidate's rank error is at most 2*max(q, 1-q)*sensitivity/epsilon*"
-                "ln(candidates/(1 - confidence)) rows beyond the best grid point's"
+                "quantile: the exponential mechanism over public equal bins of the column's "
+                "bounds, sampled with permute-and-flip (McKenna & Sheldon 2020); the utility is "
+                "minus the distance of q*n from a bin's rank interval, from one bounded histogram "
+                "in the database; the chosen bin's midpoint is released; with probability >= "
+                "confidence the chosen bin's ranks are within 2*max(q, 1-q)*sensitivity/epsilon*"
+                "ln(candidates/(1 - confidence)) rows of q*n"
             )
         if self.auto_bounds is not None:
             return (
@@ -332,9 +332,9 @@ class QueryPlan:
             )
             if output.kind is AggregateKind.QUANTILE:
                 text = (
-                    f"the {output.quantile} quantile of {column} clamped to {clamp}: a point of a "
-                    "public grid chosen by permute-and-flip (no interval; see the rank error in "
-                    f"the plan's quantiles), over rows {per_person}"
+                    f"the {output.quantile} quantile of {column} clamped to {clamp}: the midpoint "
+                    "of a public bin chosen by permute-and-flip (no interval; see the rank error "
+                    f"in the plan's quantiles), over rows {per_person}"
                 )
             elif output.kind is AggregateKind.PERSONS:
                 text = f"persons with a row kept under the bounds ({per_person})"

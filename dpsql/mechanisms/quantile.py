@@ -3,15 +3,17 @@ permute-and-flip.
 
 Mechanism
 ---------
-The candidates are ``G`` public points ``c_j = low + j (high - low) / (G - 1)`` over a column's
-declared bounds. The database returns a histogram of the clamped column over the bins
-``[c_j, c_{j+1})`` (the last bin holds ``high``), in weight units (``dpsql.sql.generate``); its
-prefix sums give ``L_j``, the weight of rows below ``c_j``, and its total ``n``. For a quantile
-``q = a / d`` (an exact rational) the utility of ``c_j`` is the integer
+The candidates are the ``G`` public bins ``[b_j, b_{j+1})``, ``b_j = low + j (high - low) / G``,
+of a column's declared bounds (the last bin also holds ``high``); a chosen bin is released as its
+midpoint. The database returns a histogram of the clamped column over the bins, in weight units
+(``dpsql.sql.generate``); its prefix sums give ``L_j``, the weight of rows below bin ``j``, and
+``L_{j+1} = L_j + h_j``, with ``n = L_G``. For a quantile ``q = a / d`` (an exact rational) the
+utility of bin ``j`` is the integer
 
-    u_j = -|d * L_j - a * n|
+    u_j = -max(0, d L_j - a n, a n - d L_{j+1})
 
-(``d`` times the distance of ``c_j``'s rank from ``q n``). The output is drawn with
+(``d`` times the distance of ``q n`` from the bin's rank interval ``[L_j, L_{j+1}]``; 0 for the
+bins that hold the quantile, and some bin always does). The output is drawn with
 *permute-and-flip* (McKenna and Sheldon, "Permute-and-Flip: A new mechanism for differentially
 private selection", NeurIPS 2020, Algorithm 1 and Theorem 1): visit the candidates in a uniformly
 random order and return the first ``r`` whose coin ``Bernoulli(exp(ε (u_r - u*) / (2 Δu)))``
@@ -23,10 +25,11 @@ Sensitivity (the proof)
 -----------------------
 Neighbours differ by one person (privacy unit), whose kept rows weigh ``w <= Δ`` in the group
 (``Δ`` from the policy alone; see ``docs/sql_shapes.md``). Adding the person changes ``L_j`` by
-some ``0 <= x <= w`` (their weight below ``c_j``) and ``n`` by ``w``, so ``d L_j - a n`` changes by
-``d x - a w``, which lies in ``[-a w, (d - a) w]``: its absolute value is at most
-``max(a, d - a) w``. The absolute value is 1-Lipschitz, so ``Δu = max(a, d - a) Δ`` (``Δ`` for
-the median, ``a = 1, d = 2``; removing the person is the same change reversed). Across the
+some ``0 <= x <= w`` (their weight below bin ``j``) and ``n`` by ``w``, so ``d L_j - a n`` changes
+by ``d x - a w``, which lies in ``[-a w, (d - a) w]``: its absolute value is at most
+``max(a, d - a) w``, and likewise for ``a n - d L_{j+1}``. ``max(0, s, t)`` is 1-Lipschitz in
+``(s, t)`` under the largest-coordinate norm, so ``Δu = max(a, d - a) Δ`` (``Δ`` for the median,
+``a = 1, d = 2``; removing the person is the same change reversed). Across the
 groups of a GROUP BY over public keys the person's weights ``w_g`` sum to at most ``Δ``;
 permute-and-flip run with ``ε / Δu`` on a utility that moves by at most ``max(a, d - a) w_g`` is
 ``(ε w_g / Δ)``-DP (the mechanism only reads the ratio ``ε / Δu``), so the groups together cost
@@ -47,11 +50,11 @@ all groups are drawn in whole-array rounds; no floating-point number decides an 
 Accuracy
 --------
 With probability at least ``1 - β`` the chosen candidate's utility is within
-``2 Δu / ε · ln(G / β)`` of the best (McKenna and Sheldon, Theorem 2 with the exponential
-mechanism's bound): its rank ``L_j`` is within ``2 max(q, 1 - q) Δ / ε · ln(G / β)`` rows of
-``q n`` beyond
-the best grid point's own distance (at most the weight of one bin). The bound is a property of
-the mechanism, not of the data.
+``2 Δu / ε · ln(G / β)`` of the best, which is 0 (McKenna and Sheldon, Theorem 2 with the
+exponential mechanism's bound): the chosen bin's rank interval ``[L_j, L_{j+1}]`` is within
+``2 max(q, 1 - q) Δ / ε · ln(G / β)`` rows of ``q n``, so the released midpoint is within half a
+bin of a value whose rank is that close. The bound is a property of the mechanism, not of the
+data.
 """
 
 from __future__ import annotations
@@ -85,7 +88,7 @@ __all__ = [
 ]
 
 DEFAULT_CANDIDATES = 1024
-"""Grid points ``G`` over the declared bounds (resolution ``(high - low) / 1023``)."""
+"""Equal bins ``G`` over the declared bounds (resolution ``(high - low) / 1024``)."""
 
 MAX_QUANTILE_DENOMINATOR = 10**6
 """A quantile is an exact decimal with at most six digits after the point."""
@@ -116,28 +119,29 @@ def quantile_fraction(value: str | float | Fraction) -> Fraction:
 
 
 def candidates(low: float, high: float, size: int = DEFAULT_CANDIDATES) -> np.ndarray:
-    """The ``size`` public candidates ``low + j (high - low) / (size - 1)``."""
+    """The midpoints ``low + (j + 1/2) (high - low) / size`` of the ``size`` public bins."""
     if not (math.isfinite(low) and math.isfinite(high) and low < high):
         raise ParameterError(f"quantile bounds must be finite with low < high, got [{low}, {high}]")
     if size < 2:
         raise ParameterError(f"a quantile needs at least 2 candidates, got {size}")
-    return low + (high - low) * (np.arange(size, dtype=np.float64) / (size - 1))
+    return low + (high - low) * ((np.arange(size, dtype=np.float64) + 0.5) / size)
 
 
 def rank_utilities(histograms: np.ndarray, q: Fraction) -> np.ndarray:
-    """``u_j = -|d L_j - a n|`` per group (rows) and candidate (columns), ``q = a / d``, from
-    histograms of non-negative integer weights (one bin per candidate), as Python integers in an
+    """``u_j = -max(0, d L_j - a n, a n - d L_{j+1})`` per group (rows) and bin (columns),
+    ``q = a / d``, from histograms of non-negative integer weights, as Python integers in an
     object array when int64 could overflow."""
     counts = np.asarray(histograms)
     if counts.ndim != 2 or (counts.size and counts.min() < 0):
         raise ParameterError("histograms must be a 2-d array of non-negative weights")
-    below = np.zeros_like(counts, dtype=np.int64)
-    below[:, 1:] = np.cumsum(counts, axis=1, dtype=np.int64)[:, :-1]
-    total = counts.sum(axis=1, dtype=np.int64)[:, None]
+    through = np.cumsum(counts, axis=1, dtype=np.int64)
+    below = through - counts
+    total = through[:, -1:]
     a, d = q.numerator, q.denominator
     if int(total.max(initial=0)) * d >= _INT64_LIMIT:
-        below, total = below.astype(object), total.astype(object)
-    return -np.abs(below * d - total * a)
+        below, through, total = below.astype(object), through.astype(object), total.astype(object)
+    target = total * a
+    return -np.maximum(np.maximum(below * d - target, target - through * d), 0)
 
 
 def _dyadic_below(epsilon: Fraction, limit_bits: int) -> Fraction:
@@ -198,8 +202,8 @@ def permute_and_flip(
 def rank_error_bound(
     sensitivity: float, epsilon: float, size: int, beta: float, q: Fraction = Fraction(1)
 ) -> float:
-    """Rows of rank error ``2 max(q, 1 - q) Δ / ε · ln(G / β)`` the chosen candidate stays within
-    (beyond the best grid point) with probability ``>= 1 - β``."""
+    """Rows of rank error ``2 max(q, 1 - q) Δ / ε · ln(G / β)`` the chosen bin's rank interval
+    stays within (from ``q n``) with probability ``>= 1 - β``."""
     return 2.0 * float(max(q, 1 - q)) * sensitivity / epsilon * math.log(size / beta)
 
 
@@ -210,7 +214,7 @@ def utility_sensitivity(q: Fraction, sensitivity: int, weight: int = 1) -> int:
 
 @dataclass(frozen=True)
 class QuantileRelease:
-    """The chosen grid values (one per group) and the mechanism's parameters."""
+    """The chosen bin midpoints (one per group) and the mechanism's parameters."""
 
     values: np.ndarray
     indices: np.ndarray
@@ -232,8 +236,8 @@ def release_quantiles(
     confidence: float = 0.95,
     rng: np.random.Generator | None = None,
 ) -> QuantileRelease:
-    """The ``q`` quantile of each group's histogram over ``G = histograms.shape[1]`` candidates in
-    ``[low, high]``; ``sensitivity`` is the person's largest weight in rows (Δ), ``weight`` the
+    """The ``q`` quantile of each group's histogram over ``G = histograms.shape[1]`` equal bins of
+    ``[low, high]`` (the chosen bin's midpoint); ``sensitivity`` is the person's largest weight in rows (Δ), ``weight`` the
     histogram units per row."""
     grid = candidates(low, high, histograms.shape[1])
     utilities = rank_utilities(histograms, q)

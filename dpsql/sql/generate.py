@@ -72,7 +72,7 @@ class Measure:
 @dataclass(frozen=True)
 class Histogram:
     """A histogram of ``column`` clamped to ``[low, high]`` over ``bins`` equal bins (the last
-    holds ``high``), each row weighing ``weight`` units (``dpsql.mechanisms.quantile``)."""
+    also holds ``high``), each row weighing ``weight`` units (``dpsql.mechanisms.quantile``)."""
 
     column: str
     low: float
@@ -438,7 +438,7 @@ def _bin(histogram: Histogram) -> str:
     value = f"CAST({column} AS DOUBLE)"
     low, high = _number(histogram.low), _number(histogram.high)
     clamped = f"LEAST(GREATEST({value}, {low}), {high})"
-    step = _number((histogram.high - histogram.low) / (histogram.bins - 1))
+    step = _number((histogram.high - histogram.low) / histogram.bins)
     index = f"CAST(FLOOR(({clamped} - {low}) / {step}) AS BIGINT)"
     return (
         f"CASE WHEN {column} IS NULL OR ISNAN({value}) THEN NULL "

@@ -3,7 +3,7 @@
 
 Each becomes an ``Aggregate`` of kind QUANTILE with ``q`` as an exact fraction; the engine answers
 it with permute-and-flip over a public grid (``dpsql.mechanisms.quantile``). ``quantile_disc``
-and ``percentile_disc`` are refused: they return a value of the data, which a grid value is not.
+and ``percentile_disc`` are refused: they return a value of the data, which a bin midpoint is not.
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ def output(analyzer: _Analyzer, node: exp.Expression, name: str) -> Aggregate | 
         analyzer.reject(
             node,
             f"{node.sql(dialect='duckdb')}: a discrete quantile returns a value of the data, "
-            "which dpsql does not release; ask for quantile_cont(col, q) (a point of a public "
-            "grid over the column's bounds)",
+            "which dpsql does not release; ask for quantile_cont(col, q) (the midpoint of a public "
+            "bin of the column's bounds)",
         )
     if not isinstance(inner, (exp.Median, exp.PercentileCont)):
         return None
