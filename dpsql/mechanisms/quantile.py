@@ -237,8 +237,8 @@ def release_quantiles(
     rng: np.random.Generator | None = None,
 ) -> QuantileRelease:
     """The ``q`` quantile of each group's histogram over ``G = histograms.shape[1]`` equal bins of
-    ``[low, high]`` (the chosen bin's midpoint); ``sensitivity`` is the person's largest weight in rows (Δ), ``weight`` the
-    histogram units per row."""
+    ``[low, high]`` (the chosen bin's midpoint); ``sensitivity`` is the person's largest weight
+    in rows (Δ), ``weight`` the histogram units per row."""
     grid = candidates(low, high, histograms.shape[1])
     utilities = rank_utilities(histograms, q)
     chosen = permute_and_flip(
