@@ -171,3 +171,9 @@ def test_rank_error_bound_formula() -> None:
     assert rank_error_bound(8, 1.0, 1024, 0.05, Fraction(9, 10)) == pytest.approx(
         2 * 0.9 * 8 * math.log(1024 / 0.05)
     )
+
+
+def test_candidates_are_bin_midpoints() -> None:
+    assert candidates(0.0, 4.0, 4).tolist() == [0.5, 1.5, 2.5, 3.5]
+    with pytest.raises(ParameterError):
+        candidates(1.0, 1.0, 4)
