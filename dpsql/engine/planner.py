@@ -718,6 +718,10 @@ def _plan_quantiles(
         low, high = (float(b) for b in bounds)
         if not low < high:
             raise PolicyError(f"bounds of {text!r} are one point; a quantile needs low < high")
+        if not math.isfinite(high - low):
+            raise PolicyError(
+                f"bounds of {text!r} are too wide for a quantile (high - low overflows)"
+            )
         assert aggregate.quantile is not None
         # Refuses, before the charge, an ε too small for the exact sampler's arithmetic.
         quantile.epsilon_used(
