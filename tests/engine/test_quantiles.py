@@ -239,3 +239,14 @@ def test_an_epsilon_too_small_for_the_exact_sampler_is_refused_before_the_charge
         with pytest.raises(ParameterError, match="too small for a quantile"):
             session.execute("SELECT quantile_cont(hours, 0.000001) FROM males", epsilon=1e-9)
         assert session.budget().for_analyst("a").epsilon_spent == before
+
+
+def test_bounds_whose_width_overflows_are_refused_before_the_charge(tmp_path: Path) -> None:
+    """``high - low`` = inf would make every bin index NaN, failing in the database after the
+    charge; the planner refuses such bounds first."""
+    policy = POLICY.replace("bounds = [0, 4000]", "bounds = [-1.7e308, 1.7e308]")
+    database = make_database(tmp_path / "wide.duckdb", {"males": panel_frame(persons=5)}, policy)
+    with seeded_connect(database, analyst="a", rng=np.random.default_rng(7)) as session:
+        with pytest.raises(PolicyError, match="too wide for a quantile"):
+            session.execute("SELECT MEDIAN(hours) FROM males", epsilon=1.0)
+        assert session.budget().for_analyst("a").epsilon_spent == 0
