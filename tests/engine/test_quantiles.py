@@ -13,8 +13,10 @@ import pandas as pd
 import pytest
 
 from dpsql.engine.answers import QUANTILE_WEIGHT
+from dpsql.engine.planner import key_literal
 from dpsql.errors import ParameterError, PolicyError, UnsupportedQueryError
 from dpsql.sql.generate import Bounds, Histogram, bounded_aggregate
+from dpsql.sql.shape import ColumnKind
 from tests.conftest import make_database, seeded_connect
 from tests.engine.panel import POLICY, build_panel, panel_frame, truth
 
@@ -163,9 +165,9 @@ def test_refusals_charge_nothing(panel: Path, sql: str, error: type, message: st
 CAPPED = POLICY.replace("max_rows_per_unit = 8", "max_rows_per_unit = 2")
 
 
-def _histogram(database: Path, *, bounded: bool) -> pd.Series:
+def _histogram(database: Path, *, bounded: bool, grouped: bool = False) -> pd.Series:
     """The bounded histogram dpsql reads for MEDIAN(hours) (or, for the twin, DuckDB's raw
-    histogram over the same bins), indexed by bin."""
+    histogram over the same bins), indexed by bin (and year when ``grouped``)."""
     histogram = Histogram("hours", 0.0, 4000.0, 64, QUANTILE_WEIGHT)
     connection = duckdb.connect(str(database), read_only=True)
     try:
@@ -179,17 +181,22 @@ def _histogram(database: Path, *, bounded: bool) -> pd.Series:
                     for name, type_name, *_ in connection.execute("DESCRIBE males").fetchall()
                 }
             }
-            shape = analyze(parse("SELECT MEDIAN(hours) FROM males"), catalog)
+            text = "SELECT year, MEDIAN(hours) FROM males GROUP BY year" if grouped else (
+                "SELECT MEDIAN(hours) FROM males"
+            )
+            shape = analyze(parse(text), catalog)
+            years = [key_literal(y, ColumnKind.INTEGER, "year")[1] for y in range(1980, 1988)]
             sql = bounded_aggregate(
                 shape,
                 measures=[],
                 bounds=Bounds("nr", 8, 8, 2),
-                public_keys={},
+                public_keys={"year": years} if grouped else {},
                 salt=11,
                 histogram=histogram,
             )
             frame = connection.execute(sql).df()
-            return frame.set_index("__bin")["m0"].astype("int64")
+            index = ["year", "__bin"] if grouped else ["__bin"]
+            return frame.set_index(index)["m0"].astype("int64")
         step = 4000.0 / 63
         frame = connection.execute(
             f"SELECT LEAST(CAST(FLOOR(hours / {step}) AS BIGINT), 63) AS b, "
@@ -221,6 +228,15 @@ def test_one_person_moves_the_bounded_histogram_by_at_most_the_row_bound(
     neighbours: tuple[Path, Path],
 ) -> None:
     without, with_person = (_histogram(db, bounded=True) for db in neighbours)
+    assert 0 < _moved(without, with_person) <= 2 * QUANTILE_WEIGHT
+
+
+def test_one_person_moves_the_grouped_histograms_by_at_most_the_row_bound_in_all(
+    neighbours: tuple[Path, Path],
+) -> None:
+    """Over GROUP BY year the person's 8 rows (one per year) weigh at most max_rows_per_unit = 2
+    rows in all groups together: the L1 bound the per-group utilities' ε-split rests on."""
+    without, with_person = (_histogram(db, bounded=True, grouped=True) for db in neighbours)
     assert 0 < _moved(without, with_person) <= 2 * QUANTILE_WEIGHT
 
 
