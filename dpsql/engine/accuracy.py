@@ -56,8 +56,8 @@ def _error(
         return None if scale is None else float(interval_half_width(scale, level))
     if plan.key_release is not None:
         return float(interval_half_width(plan.key_release.scale, level))
-    if plan.auto_bounds is not None or kind is AggregateKind.AVG:
-        return None
+    if plan.auto_bounds is not None or kind in (AggregateKind.AVG, AggregateKind.QUANTILE):
+        return None  # a ratio of noisy values, or a chosen value: the error depends on the data
     for m in plan.measurements:
         is_sum = m.measure.kind is MeasureKind.SUM
         if m.measure.column == column and is_sum == (kind is AggregateKind.SUM) and (

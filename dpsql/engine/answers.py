@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 
 from dpsql.accountant.ledger import LedgerEntry
-from dpsql.engine.planner import MECHANISM, QueryPlan, literal_text
+from dpsql.engine.planner import MECHANISM, QUANTILE_WEIGHT, QueryPlan, literal_text
 from dpsql.engine.results import QueryResult
 from dpsql.mechanisms import (
     combined,
@@ -28,10 +28,21 @@ from dpsql.mechanisms import (
 from dpsql.mechanisms.combined import CombinedRelease
 from dpsql.mechanisms.hashing import hash_keys, new_seed
 from dpsql.mechanisms.laplace import interval_half_width, release_counts, release_grid_sums
+from dpsql.mechanisms.quantile import release_quantiles
 from dpsql.sql.generate import MeasureKind
 from dpsql.sql.shape import AggregateKind, ColumnKind, GroupKey
 
-__all__ = ["ALP_ROWS_PER_KEY", "key_answer", "laplace_answer", "plain", "range_answer"]
+__all__ = [
+    "ALP_ROWS_PER_KEY",
+    "QUANTILE_WEIGHT",
+    "key_answer",
+    "laplace_answer",
+    "plain",
+    "quantile_answer",
+    "range_answer",
+]
+
+
 
 ALP_ROWS_PER_KEY = sketch_split.ROWS_PER_KEY
 """Sketch rows per expected key: collision probability about 0.1 (the paper's Fig. 3 setting)."""
@@ -154,6 +165,76 @@ def laplace_answer(
         mechanism=MECHANISM,
         analyst=analyst,
         ledger_entry=entry.seq,
+    )
+
+
+def _groups(plan: QueryPlan) -> tuple[pd.Index | None, list[tuple]]:
+    """The database's spelling of every public key combination, and the keys as shown."""
+    group_by = list(plan.shape.group_by)
+    if not group_by:
+        return None, [()]
+    texts = [[literal_text(v) for v in plan.key_literals[c]] for c in group_by]
+    index = pd.MultiIndex.from_product(texts, names=group_by)
+    shown = itertools.product(*(plan.key_domain[c] for c in group_by))
+    return index, [tuple(plain(v) for v in k) for k in shown]
+
+
+def quantile_answer(
+    plan: QueryPlan,
+    frames: dict[str, pd.DataFrame],
+    entry: LedgerEntry,
+    *,
+    rng: np.random.Generator,
+    analyst: str,
+) -> QueryResult:
+    """Permute-and-flip quantiles for every public key combination from the bounded histograms
+    (``frames``: per column, rows of group keys, ``__bin`` and ``m0``); no interval: the rank
+    error bound is in ``details``, the interval is (None, None)."""
+    index, keys = _groups(plan)
+    values: dict[str, np.ndarray] = {}
+    for spec in plan.quantiles:
+        frame = frames[spec.column]
+        histograms = np.zeros((len(keys), spec.candidates), dtype=np.int64)
+        if not frame.empty:
+            if index is None:
+                rows = np.zeros(len(frame), dtype=np.int64)
+            else:
+                columns = [frame[c].astype(object) for c in plan.shape.group_by]
+                rows = index.get_indexer(pd.MultiIndex.from_arrays(columns))
+            bins = frame["__bin"].to_numpy(dtype=np.int64)
+            np.add.at(histograms, (rows, bins), frame["m0"].to_numpy(dtype=np.int64))
+        released = release_quantiles(
+            histograms,
+            q=spec.q,
+            low=spec.low,
+            high=spec.high,
+            epsilon=spec.epsilon,
+            sensitivity=spec.sensitivity,
+            weight=QUANTILE_WEIGHT,
+            confidence=plan.confidence,
+            rng=rng,
+        )
+        values[spec.name] = released.values
+    columns: dict[str, list[Any]] = {}
+    for output in plan.shape.outputs:
+        if isinstance(output, GroupKey):
+            position = plan.shape.group_by.index(output.column)
+            columns[output.name] = [k[position] for k in keys]
+        else:
+            columns[output.name] = [plain(v) for v in values[output.name]]
+    names = list(plan.shape.column_names)
+    return QueryResult(
+        columns=names,
+        rows=list(zip(*(columns[n] for n in names), strict=True)),
+        intervals={p.name: [(None, None)] * len(keys) for p in plan.quantiles},
+        noise_scale={},
+        confidence=plan.confidence,
+        epsilon=entry.cost.epsilon,
+        delta=entry.cost.delta,
+        mechanism=plan.mechanism,
+        analyst=analyst,
+        ledger_entry=entry.seq,
+        details={"quantiles": [p.describe(plan.confidence) for p in plan.quantiles]},
     )
 
 

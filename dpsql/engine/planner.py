@@ -21,6 +21,7 @@ from dpsql.engine.policy import Policy, PublicKey, TablePolicy
 from dpsql.errors import ParameterError, PolicyError, SchemaError, UnsupportedQueryError
 from dpsql.mechanisms import (
     gaussian_threshold,
+    quantile,
     sketch_split,
     svt,
     threshold,
@@ -126,6 +127,39 @@ class AutoBounds:
 
 
 @dataclass(frozen=True)
+class QuantilePlan:
+    """One DP quantile: permute-and-flip over ``candidates`` equal bins of ``[low, high]``, the
+    rank utility having sensitivity ``sensitivity`` rows (``dpsql.mechanisms.quantile``)."""
+
+    column: str
+    name: str
+    q: Fraction
+    low: float
+    high: float
+    candidates: int
+    epsilon: float
+    sensitivity: int
+
+    def rank_error(self, confidence: float) -> float:
+        return quantile.rank_error_bound(
+            self.sensitivity, self.epsilon, self.candidates, 1 - confidence, self.q
+        )
+
+    def describe(self, confidence: float) -> dict[str, Any]:
+        return {
+            "output": self.name,
+            "column": self.column,
+            "q": str(self.q),
+            "bounds": [self.low, self.high],
+            "candidates": self.candidates,
+            "bin_width": (self.high - self.low) / self.candidates,
+            "epsilon": self.epsilon,
+            "rank_sensitivity": self.sensitivity,
+            f"rank_error_with_probability_{confidence:g}": self.rank_error(confidence),
+        }
+
+
+@dataclass(frozen=True)
 class QueryPlan:
     """Everything needed to charge, run and noise one query."""
 
@@ -143,9 +177,12 @@ class QueryPlan:
     key_release: KeyRelease | None = None
     range_queries: RangeQueries | None = None
     auto_bounds: AutoBounds | None = None
+    quantiles: tuple[QuantilePlan, ...] = ()
 
     @property
     def mechanism(self) -> str:
+        if self.quantiles:
+            return "permute_and_flip"
         if self.range_queries is not None:
             return "numeric_sparse"
         return MECHANISM if self.key_release is None else self.key_release.mechanism
@@ -153,6 +190,15 @@ class QueryPlan:
     @property
     def reason(self) -> str:
         """Why this mechanism: what EXPLAIN shows."""
+        if self.quantiles:
+            return (
+                "quantile: the exponential mechanism over public equal bins of the column's "
+                "bounds, sampled with permute-and-flip (McKenna & Sheldon 2020); the utility is "
+                "minus the distance of q*n from a bin's rank interval, from one bounded histogram "
+                "in the database; the chosen bin's midpoint is released; with probability >= "
+                "confidence the chosen bin's ranks are within 2*max(q, 1-q)*sensitivity/epsilon*"
+                "ln(candidates/(1 - confidence)) rows of q*n"
+            )
         if self.auto_bounds is not None:
             return (
                 f"no declared bounds for {self.auto_bounds.column}: AboveThreshold over "
@@ -213,6 +259,23 @@ class QueryPlan:
     def event(self) -> SequentialEvent:
         """The cost tree: one discrete-Laplace leaf per measurement, composed sequentially (or
         one thresholding / combined-structure leaf for a key release)."""
+        if self.quantiles:
+            return SequentialEvent(
+                tuple(
+                    MechanismEvent(
+                        "permute_and_flip",
+                        p.epsilon,
+                        0.0,
+                        p.name,
+                        (
+                            ("groups", self.groups),
+                            ("candidates", p.candidates),
+                            ("rank_sensitivity", p.sensitivity),
+                        ),
+                    )
+                    for p in self.quantiles
+                )
+            )
         if self.auto_bounds is not None:
             auto = self.auto_bounds
             choose = MechanismEvent(
@@ -309,7 +372,13 @@ class QueryPlan:
                 if self.auto_bounds is not None or rules is None or rules.bounds is None
                 else f"[{rules.bounds[0]:g}, {rules.bounds[1]:g}]"
             )
-            if output.kind is AggregateKind.PERSONS:
+            if output.kind is AggregateKind.QUANTILE:
+                text = (
+                    f"the {output.quantile} quantile of {column} clamped to {clamp}: the midpoint "
+                    "of a public bin chosen by permute-and-flip (no interval; see the rank error "
+                    f"in the plan's quantiles), over rows {per_person}"
+                )
+            elif output.kind is AggregateKind.PERSONS:
                 text = f"persons with a row kept under the bounds ({per_person})"
             elif output.kind is AggregateKind.COUNT:
                 what = "rows" if column is None else f"rows with a non-NULL {column}"
@@ -397,6 +466,7 @@ class QueryPlan:
                     "rows (after bounding) than these counts are mostly or always missing",
                 }
             ),
+            "quantiles": [p.describe(self.confidence) for p in self.quantiles] or None,
             "epsilon": self.epsilon,
             "delta": self.delta,
             "measurements": [
@@ -803,6 +873,75 @@ def _plan_ranges(
     )
 
 
+def _plan_quantiles(
+    shape: QueryShape,
+    table: TablePolicy,
+    epsilon: float,
+    sensitivity: int,
+    release: KeyRelease | None,
+) -> tuple[QuantilePlan, ...]:
+    """One permute-and-flip selection per quantile in the select list, ε split evenly; the
+    rank utility's sensitivity is the rows' worth one person keeps (as for COUNT(*))."""
+    if release is not None or shape.having is not None:
+        raise UnsupportedQueryError(
+            "quantiles are answered without GROUP BY or for GROUP BY over columns with public "
+            "keys, without HAVING COUNT(*)"
+        )
+    if any(a.kind is not AggregateKind.QUANTILE for a in shape.aggregates):
+        raise UnsupportedQueryError(
+            "a quantile cannot share a query with COUNT, SUM or AVG: ask for them in a separate "
+            "query (each is charged on its own)"
+        )
+    option = shape.options.get("quantile_candidates", quantile.DEFAULT_CANDIDATES)
+    if float(option) != int(option) or not 2 <= int(option) <= MAX_CANDIDATES:
+        raise ParameterError(
+            f"quantile_candidates must be an integer in [2, {MAX_CANDIDATES}], got {option:g}"
+        )
+    if max(table.max_rows_per_group, table.max_rows_per_unit) * QUANTILE_WEIGHT > 2**31:
+        raise PolicyError(
+            "quantiles need max_rows_per_group and max_rows_per_unit of at most 2**21 (the "
+            "histogram's integer weights must not overflow)"
+        )
+    shares = _split(epsilon, len(shape.aggregates))
+    plans = []
+    for aggregate, share in zip(shape.aggregates, shares, strict=True):
+        column = aggregate.column or ""
+        bounds = table.column(column).bounds
+        text = shape.virtual[column].meta.get("text", column) if column in shape.virtual else column
+        if bounds is None:
+            raise PolicyError(
+                f"a quantile of {text} needs declared bounds: set "
+                f"[tables.{shape.table}.columns.{text}] bounds = [low, high]"
+            )
+        low, high = (float(b) for b in bounds)
+        if not low < high:
+            raise PolicyError(f"bounds of {text!r} are one point; a quantile needs low < high")
+        if not math.isfinite(high - low):
+            raise PolicyError(
+                f"bounds of {text!r} are too wide for a quantile (high - low overflows)"
+            )
+        assert aggregate.quantile is not None
+        # Refuses, before the charge, an ε too small for the exact sampler's arithmetic.
+        quantile.epsilon_used(
+            share, quantile.utility_sensitivity(aggregate.quantile, sensitivity, QUANTILE_WEIGHT)
+        )
+        plans.append(
+            QuantilePlan(
+                column, aggregate.name, aggregate.quantile, low, high, int(option), share,
+                sensitivity,
+            )
+        )  # fmt: skip
+    return tuple(plans)
+
+
+QUANTILE_WEIGHT = 1024
+"""Histogram units per row for quantiles: a cell scaled down by a contribution bound loses less
+than 1/1024 row per bin to rounding."""
+
+MAX_CANDIDATES = 2**16
+"""Largest grid of quantile candidates (``OPTIONS(quantile_candidates=...)``)."""
+
+
 def _split(epsilon: float, parts: int) -> list[float]:
     """Split ``epsilon`` into ``parts`` shares that sum exactly to it in ledger units."""
     units = Cost.of(epsilon).epsilon_units
@@ -872,6 +1011,20 @@ def plan_query(
         if grouped
         else table.max_rows_per_unit
     )
+    if any(a.kind is AggregateKind.QUANTILE for a in shape.aggregates):
+        return QueryPlan(
+            shape=shape,
+            table=table,
+            measurements=(),
+            key_domain=key_domain,
+            key_literals=key_literals,
+            bounds=_bounds(table),
+            partition=partition,
+            epsilon=epsilon,
+            delta=delta,
+            confidence=policy.dataset.confidence,
+            quantiles=_plan_quantiles(shape, table, epsilon, rows_per_unit, release),
+        )
 
     auto = _auto_bounds(shape, table, policy, epsilon)
     if auto is not None:

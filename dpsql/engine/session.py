@@ -26,13 +26,21 @@ from dpsql.engine.accuracy import (
     output_errors,
     with_confidence,
 )
-from dpsql.engine.answers import ALP_ROWS_PER_KEY, key_answer, laplace_answer, range_answer
+from dpsql.engine.answers import (
+    ALP_ROWS_PER_KEY,
+    QUANTILE_WEIGHT,
+    key_answer,
+    laplace_answer,
+    quantile_answer,
+    range_answer,
+)
 from dpsql.engine.backends import Backend, DuckDBBackend
 from dpsql.engine.contributions import contribution_answer, plan_contributions
 from dpsql.engine.derived import post_processed
 from dpsql.engine.literals import Binder, BoundShape
 from dpsql.engine.planner import (
     AUTO_BOUND_EXPONENTS,
+    QuantilePlan,
     QueryPlan,
     plan_query,
     unit_weights_of,
@@ -73,6 +81,7 @@ from dpsql.mechanisms.random import session_generator
 from dpsql.sql.analyze import analyze
 from dpsql.sql.expressions import explained
 from dpsql.sql.generate import (
+    Histogram,
     bounded_aggregate,
     clipping_profile,
     contribution_profile,
@@ -594,6 +603,13 @@ class Session:
             answer = range_answer(plan, groups, counts, entry, rng=self.rng, analyst=self.analyst)
             progress(DONE, 1.0)
             return answer, plan
+        if plan.quantiles:
+            by_column = {spec.column: spec for spec in plan.quantiles}
+            frames = {c: self._read(self._histogram_sql(plan, s)) for c, s in by_column.items()}
+            progress(ADDING_NOISE, None)
+            answer = quantile_answer(plan, frames, entry, rng=self.rng, analyst=self.analyst)
+            progress(DONE, 1.0)
+            return answer, plan
         details: dict[str, Any] = {}
         if plan.auto_bounds is not None:
             plan, details = self._with_automatic_bounds(plan)
@@ -619,6 +635,20 @@ class Session:
         result = laplace_answer(plan, frame, entry, rng=self.rng, analyst=self.analyst)
         progress(DONE, 1.0)
         return (result.model_copy(update={"details": details}) if details else result), plan
+
+    def _histogram_sql(self, plan: QueryPlan, spec: QuantilePlan) -> str:
+        """The bounded histogram a quantile reads (``dpsql.sql.generate.Histogram``)."""
+        return bounded_aggregate(
+            plan.shape,
+            measures=[],
+            bounds=plan.bounds,
+            public_keys=plan.key_literals,
+            salt=int(self.rng.integers(0, 2**62)),
+            dialect=self.backend.dialect,
+            histogram=Histogram(
+                spec.column, spec.low, spec.high, spec.candidates, QUANTILE_WEIGHT
+            ),
+        )
 
     def _read(self, sql: str, stage: str = READING_DATA) -> pd.DataFrame:
         """The backend's rows for generated ``sql``, reported as ``stage`` (with the backend's

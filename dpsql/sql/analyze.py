@@ -20,7 +20,7 @@ from decimal import Decimal, InvalidOperation
 from sqlglot import exp
 
 from dpsql.errors import SchemaError, SqlSyntaxError, UnsupportedQueryError
-from dpsql.sql import ctes, expressions, filters, postprocess
+from dpsql.sql import ctes, expressions, filters, postprocess, quantiles
 from dpsql.sql.parse import ParsedQuery
 from dpsql.sql.shape import (
     Aggregate,
@@ -509,6 +509,9 @@ class _Analyzer:
                 self.reject(node, f"column {name!r} must appear in GROUP BY or inside an aggregate")
             return GroupKey(name, alias or name)
         default = node.sql(dialect=self.parsed.dialect)
+        quantile = quantiles.output(self, node, alias or default)
+        if quantile is not None:
+            return quantile
         if isinstance(node, exp.Filter):
             node = expressions.unfiltered(node)
         kinds = {

@@ -219,15 +219,12 @@ def nearest_rewrite(node: exp.Expression) -> str | None:
     """The refusal of an aggregate dpsql does not answer that names what to ask instead."""
     name = node.sql(dialect="duckdb")
     if isinstance(node, (exp.Min, exp.Max)):
+        q = "0.01" if isinstance(node, exp.Min) else "0.99"
         return (
             f"{name} is not released: the value of one person decides it. The declared bounds "
             "of the column are public in the policy; for the edges of the distribution ask for "
-            "a histogram, e.g. SELECT FLOOR(col / w) * w AS bin, COUNT(*) ... GROUP BY bin"
-        )
-    if isinstance(node, (exp.Median, exp.PercentileCont, exp.PercentileDisc, exp.WithinGroup)):
-        return (
-            f"{name}: quantiles are not answered yet; a histogram gives the distribution, e.g. "
-            "SELECT FLOOR(col / w) * w AS bin, COUNT(*) ... GROUP BY bin, or AVG(col)"
+            f"a DP quantile, e.g. quantile_cont(col, {q}), or a histogram, e.g. "
+            "SELECT FLOOR(col / w) * w AS bin, COUNT(*) ... GROUP BY bin"
         )
     return None
 

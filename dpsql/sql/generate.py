@@ -39,6 +39,7 @@ __all__ = [
     "PROFILE_EDGES",
     "PROFILE_STATISTICS",
     "Bounds",
+    "Histogram",
     "Measure",
     "MeasureKind",
     "bounded_aggregate",
@@ -66,6 +67,18 @@ class Measure:
     kind: MeasureKind
     column: str | None = None
     clamp: tuple[float, float, float] | None = None
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """A histogram of ``column`` clamped to ``[low, high]`` over ``bins`` equal bins (the last
+    also holds ``high``), each row weighing ``weight`` units (``dpsql.mechanisms.quantile``)."""
+
+    column: str
+    low: float
+    high: float
+    bins: int
+    weight: int
 
 
 @dataclass(frozen=True)
@@ -260,12 +273,19 @@ def bounded_aggregate(
     salt: int,
     dialect: str = "duckdb",
     weights: Sequence[int] | None = None,
+    histogram: Histogram | None = None,
 ) -> str:
     """SQL returning one row per non-empty group: the group columns, then one column per measure.
 
     With ``weights`` (``w_1..w_K``, a GROUP BY over a column without public keys), a last column
     ``weight`` sums, per key, the weight ``w_n`` each unit gives each of its first ``n = min(its
     keys, K)`` keys in the salted order (``dpsql.mechanisms.weighted_selection``).
+
+    With ``histogram`` (and no measures) it returns one row per non-empty (group, bin): the group
+    columns, ``__bin`` and ``m0``, the bin's bounded weight. Each (unit, group) cell keeps the
+    same rows' worth as for COUNT(*) (``kept``); its rows in a bin weigh
+    ``FLOOR(rows_in_bin * weight * kept / rows)`` (integer arithmetic), so the unit's weights in
+    the group sum to at most ``weight * kept``.
 
     Group columns in ``public_keys`` are restricted to those keys and returned as the database
     prints them (``CAST(key AS VARCHAR)``), so answers are matched to keys in its own semantics;
@@ -305,6 +325,8 @@ def bounded_aggregate(
         # The rounding offset's MD5 once per row, read digit by digit by the values.
         source = f"(SELECT *, {digest} AS __digest FROM {source}{where}) AS __rows"
         where = ""
+    if histogram is not None:
+        select.append(f"{_bin(histogram)} AS __bin")
     ctes = [f"source AS (SELECT {', '.join(select)} FROM {source}{where})"]
 
     # One cell per (unit, group): what the unit's rows add to the group, before bounding.
@@ -374,7 +396,7 @@ def bounded_aggregate(
             )
             ordered = f"mixed{index}"
         order_by = f"PARTITION BY __unit ORDER BY {order}, {key_list}"
-        columns = ", ".join([*keys, "__rows", *cells_of.values()])
+        columns = ", ".join(["__unit", *keys, "__rows", *cells_of.values()])
         # One sort of every unit's cells: splitting off the units that cannot exceed a bound
         # costs a second pass and a join, which is slower whenever many units do exceed one.
         ranking = [f"ROW_NUMBER() OVER ({order_by}) AS __group_rank"]
@@ -390,6 +412,9 @@ def bounded_aggregate(
         if cap_unit:
             before = f"(__rows_through - {kept})"
             kept = f"GREATEST(0.0, LEAST({kept}, {int(bounds.max_rows_per_unit)}.0 - {before}))"
+    if histogram is not None:
+        sql = _histogram(shape, histogram, ctes, previous, kept, keys, public_keys)
+        return _in_dialect(sql, dialect)
     aggregates = []
     for i, measure in enumerate(measures):
         # Multiply before dividing: a cell that keeps all its rows is reproduced exactly.
@@ -420,6 +445,56 @@ def bounded_aggregate(
     group = f" GROUP BY {', '.join(keys)}" if keys else ""
     sql = f"WITH {', '.join(ctes)} SELECT {', '.join(outputs + aggregates)} FROM {previous}{group}"
     return _in_dialect(sql, dialect)
+
+
+def _bin(histogram: Histogram) -> str:
+    """The bin of a row's clamped value (NULL for NULL or NaN)."""
+    column = _identifier(histogram.column)
+    value = f"CAST({column} AS DOUBLE)"
+    low, high = _number(histogram.low), _number(histogram.high)
+    clamped = f"LEAST(GREATEST({value}, {low}), {high})"
+    step = _number((histogram.high - histogram.low) / histogram.bins)
+    index = f"CAST(FLOOR(({clamped} - {low}) / {step}) AS BIGINT)"
+    return (
+        f"CASE WHEN {column} IS NULL OR ISNAN({value}) THEN NULL "
+        f"ELSE LEAST(GREATEST({index}, 0), {int(histogram.bins) - 1}) END"
+    )
+
+
+def _histogram(
+    shape: QueryShape,
+    histogram: Histogram,
+    ctes: list[str],
+    previous: str,
+    kept: str,
+    keys: list[str],
+    public_keys: Mapping[str, Sequence[exp.Expression]],
+) -> str:
+    """The end of ``bounded_aggregate`` for a histogram: the kept rows' worth of each cell, the
+    rows per (unit, group, bin), and their weights summed per (group, bin)."""
+    unit_and_keys = ", ".join(["__unit", *keys])
+    ctes.append(
+        f"shares AS (SELECT {unit_and_keys}, CAST(__rows AS BIGINT) AS __rows, "
+        f"CAST({kept} AS BIGINT) AS __kept FROM {previous})"
+    )
+    ctes.append(
+        f"binned AS (SELECT {unit_and_keys}, __bin, COUNT(*) AS __n FROM source "
+        f"WHERE __bin IS NOT NULL GROUP BY {unit_and_keys}, __bin)"
+    )
+    on = " AND ".join(f"b.{k} = s.{k}" for k in ["__unit", *keys])
+    # n is capped at 2**31 and weight * kept <= 2**31 (the planner's check): no BIGINT overflows,
+    # and a smaller n only lowers the cell's weights, whose sum stays <= weight * kept.
+    weight = f"(LEAST(b.__n, {2**31}) * {int(histogram.weight)} * s.__kept) // s.__rows"
+    outputs = [
+        f"{f'CAST(b.{k} AS VARCHAR)' if c in public_keys else f'b.{k}'} AS {_identifier(c)}"
+        for c, k in zip(shape.group_by, keys, strict=True)
+    ]
+    group = ", ".join([*(f"b.{k}" for k in keys), "b.__bin"])
+    return (
+        f"WITH {', '.join(ctes)} SELECT {', '.join([*outputs, 'b.__bin AS __bin'])}, "
+        f"CAST(SUM({weight}) AS BIGINT) AS {_identifier('m0')} "
+        f"FROM binned b JOIN shares s ON {on} GROUP BY {group}"
+    )
 
 
 def range_counts(

@@ -38,6 +38,7 @@ OPTION_TYPES: Mapping[str, type] = {
     "selection_share": float,
     "accuracy": float,
     "confidence": float,
+    "quantile_candidates": float,
 }
 """Options accepted in ``WITH DIFFERENTIAL_PRIVACY OPTIONS(...)``, with their types."""
 

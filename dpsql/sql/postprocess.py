@@ -47,7 +47,8 @@ RELEASED = "released"
 ROW = "__dp_row"
 """The released row's number, carried through the outer query to attach intervals."""
 
-_DP_AGGREGATES = (exp.Count, exp.Sum, exp.Avg)
+_DP_AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Median, exp.PercentileCont, exp.WithinGroup)
+"""Aggregates the DP query answers as written (quantiles: ``dpsql.sql.quantiles``)."""
 _PLAIN_HAVING = (exp.GT, exp.GTE, exp.LT, exp.LTE)
 _MONOTONE_FUNCTIONS = (exp.Round, exp.Floor, exp.Ceil)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from enum import Enum
+from fractions import Fraction
 from typing import Any
 
 from sqlglot import exp
@@ -85,15 +86,19 @@ class AggregateKind(Enum):
     AVG = "avg"
     PERSONS = "persons"
     """``COUNT(DISTINCT <privacy unit>)``."""
+    QUANTILE = "quantile"
+    """``MEDIAN``, ``quantile_cont``, ``percentile_cont`` (``dpsql.sql.quantiles``)."""
 
 
 @dataclass(frozen=True)
 class Aggregate:
-    """``COUNT(*)`` (column None), ``COUNT(col)``, ``SUM(col)`` or ``AVG(col)``, named ``name``."""
+    """``COUNT(*)`` (column None), ``COUNT(col)``, ``SUM(col)``, ``AVG(col)`` or a quantile of
+    ``col`` (``quantile``, an exact fraction in [0, 1]), named ``name``."""
 
     kind: AggregateKind
     column: str | None
     name: str
+    quantile: Fraction | None = None
 
 
 @dataclass(frozen=True)

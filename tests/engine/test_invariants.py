@@ -347,6 +347,10 @@ EXTREME_QUERIES = [
     "SELECT kt, COUNT(*) AS n FROM v WHERE lower(kt) LIKE 'k%' GROUP BY kt ORDER BY n DESC LIMIT 2",
     "SELECT COUNT(*) FROM v WHERE u IN (SELECT u FROM v WHERE d > 1.5 OR ki = '3')",
     "WITH w AS (SELECT u, ki, m FROM v WHERE ki <> 3) SELECT SUM(m) AS s FROM w ORDER BY 1",
+    # Quantiles (permute-and-flip over a grid of the bounds).
+    "SELECT MEDIAN(d), quantile_cont(h, 0.9) FROM v",
+    "SELECT percentile_cont(0.1) WITHIN GROUP (ORDER BY f) FILTER (WHERE m > 0) FROM v",
+    "SELECT MEDIAN(ub), quantile_cont(m, 0.25) AS q FROM v ORDER BY q",
 ]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from fractions import Fraction
 from pathlib import Path
 
 import duckdb
@@ -147,10 +148,13 @@ def test_fixture_files_are_substantial() -> None:
 def _expected_outputs(spec: str) -> tuple[Aggregate | GroupKey, ...]:
     outputs: list[Aggregate | GroupKey] = []
     for item in filter(None, (part.strip() for part in spec.split(" ; "))):
-        match = re.fullmatch(r"(count|sum|avg|key)\((.*?)\) AS (.+)", item)
+        match = re.fullmatch(r"(count|sum|avg|key|quantile)\((.*?)\) AS (.+)", item)
         assert match, f"bad outputs item {item!r}"
         function, argument, name = match.groups()
-        if function == "key":
+        if function == "quantile":
+            column, q = (part.strip() for part in argument.split(","))
+            outputs.append(Aggregate(AggregateKind.QUANTILE, column, name, Fraction(q)))
+        elif function == "key":
             outputs.append(GroupKey(argument, name))
         else:
             column = None if argument == "*" else argument

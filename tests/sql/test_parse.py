@@ -51,6 +51,7 @@ def test_options_are_floats_even_when_written_as_integers_or_strings() -> None:
         "selection_share",
         "accuracy",
         "confidence",
+        "quantile_candidates",
     }
     assert parse(f"{DP}(mechanism='alp') COUNT(*) FROM t").options == {"mechanism": "alp"}
 
