@@ -402,7 +402,7 @@ class Session:
         return {
             "query": normalized,
             "plan": self._summary(plan, shaped[0].shape, accuracy) | explained(plan.shape),
-            "expected_error": output_errors(plan),
+            "expected_error": _shown_errors(plan),
             "cost": {"epsilon": cost.epsilon, "delta": cost.delta},
             "draws_on": [
                 status.dataset.model_dump(),
@@ -865,6 +865,20 @@ def _synopsis_bounds(synopsis: Synopsis) -> str:
         f"{bounds['max_groups_per_unit']} keys per person, at most "
         f"{bounds['max_rows_per_unit']} per person in all"
     )
+
+
+def _shown_errors(plan: QueryPlan) -> dict[str, float | None]:
+    """Expected errors by the names the analyst sees: a post-processed query's columns that copy
+    a released aggregate keep its error; computed columns have none (their error is derived)."""
+    errors = output_errors(plan)
+    post = plan.shape.post
+    if post is None:
+        return errors
+    return {
+        name: errors.get(post.copies[name]) if name in post.copies else None
+        for name in post.columns
+        if name in post.copies or name in post.exact or name in post.derived
+    }
 
 
 def _after_charge(work: Callable[[], QueryResult]) -> QueryResult:

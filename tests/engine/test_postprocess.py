@@ -116,6 +116,8 @@ def test_post_processing_costs_nothing_more(panel: Path) -> None:
     assert spent == pytest.approx(1.0)
     assert post["plan"]["post_processing"]["runs_on"].startswith("the released (noisy) answer")
     assert post["plan"]["post_processing"]["intervals"]["twice"].startswith("the image of")
+    # Expected errors by the analyst's names: a copy keeps the released one, a computed none.
+    assert post["expected_error"] == {"n": plain["expected_error"]["n"], "twice": None}
 
 
 def test_refused_post_processing_charges_nothing(panel: Path) -> None:
@@ -172,6 +174,8 @@ def test_the_sandbox_reads_no_file(tmp_path: Path) -> None:
         with pytest.raises(duckdb.Error, match="disabled"):
             connection.execute(f"SELECT * FROM read_csv('{secret}')").fetchall()
         assert connection.execute("SELECT COUNT(*) FROM duckdb_tables()").fetchone() == (0,)
+        with pytest.raises(duckdb.Error, match="locked"):
+            connection.execute("SET enable_external_access = true")
     finally:
         connection.close()
 
