@@ -43,6 +43,7 @@ from dpsql.mechanisms.random import resolve_rng
 __all__ = [
     "MAX_SIGMA_SQUARED",
     "interval_half_width",
+    "quantised",
     "sample_discrete_gaussian",
     "tail_at_least",
     "tails_at_least",
@@ -54,6 +55,18 @@ MAX_SIGMA_SQUARED = 2**30
 
 _INT64_BOUND = 2**62
 _ROUND_UP = 1.0 + 1e-10
+
+
+def quantised(sigma_squared: float) -> Fraction:
+    """``σ²`` rounded up to a multiple of 1/16 (to an integer above 2**24): small denominators
+    keep the exact sampler in int64. Rounding up only adds noise.
+
+    >>> quantised(2.01), quantised(2**25 + 0.5)
+    (Fraction(33, 16), Fraction(33554433, 1))
+    """
+    if sigma_squared > 2**24:
+        return Fraction(math.ceil(sigma_squared))
+    return Fraction(math.ceil(sigma_squared * 16), 16)
 
 
 def _sigma_squared(value: object) -> Fraction:

@@ -31,13 +31,18 @@ from fractions import Fraction
 from functools import lru_cache
 
 import numpy as np
-import pandas as pd
 
 from dpsql.errors import ParameterError
 from dpsql.mechanisms import discrete_gaussian as dg
 from dpsql.mechanisms.hashing import as_key_array, fraction_in_open_unit, positive_finite
 from dpsql.mechanisms.random import resolve_rng
-from dpsql.mechanisms.threshold import Contribution, ThresholdRelease, _count_array
+from dpsql.mechanisms.threshold import (
+    _EXACT_LIMIT,
+    Contribution,
+    ThresholdRelease,
+    _count_array,
+    _unique,
+)
 
 __all__ = [
     "GaussianThreshold",
@@ -48,7 +53,6 @@ __all__ = [
     "threshold_delta",
 ]
 
-_EXACT_LIMIT = 2**53
 _ROUND_UP = 1.0 + 1e-10
 _GRID = 64
 
@@ -90,14 +94,6 @@ def _tau_for(sigma_squared: Fraction, budget: float, bounds: Contribution) -> in
     while threshold_delta(tau - 1, sigma_squared, bounds) <= budget:
         tau -= 1
     return tau
-
-
-def _quantised(value: float) -> Fraction:
-    """``σ²`` rounded up to a multiple of 1/16 (to an integer above 2**24): small denominators
-    keep the exact sampler in int64."""
-    if value > 2**24:
-        return Fraction(math.ceil(value))
-    return Fraction(math.ceil(value * 16), 16)
 
 
 @dataclass(frozen=True)
@@ -149,11 +145,11 @@ def plan(epsilon: float, delta: float, bounds: Contribution) -> GaussianThreshol
     epsilon = float(positive_finite("epsilon", epsilon))
     delta = fraction_in_open_unit("delta", delta)
     low, high = 1e-4, float(dg.MAX_SIGMA_SQUARED)
-    if noise_delta(_quantised(high), epsilon, bounds) >= delta:
+    if noise_delta(dg.quantised(high), epsilon, bounds) >= delta:
         return None
     for _ in range(200):  # bisection on log σ² for the smallest with δ_noise < δ
         middle = math.sqrt(low * high)
-        if noise_delta(_quantised(middle), epsilon, bounds) < delta:
+        if noise_delta(dg.quantised(middle), epsilon, bounds) < delta:
             high = middle
         else:
             low = middle
@@ -161,7 +157,7 @@ def plan(epsilon: float, delta: float, bounds: Contribution) -> GaussianThreshol
             break
     best: GaussianThreshold | None = None
     for factor in np.geomspace(1.0, 4.0, _GRID):
-        sigma_squared = _quantised(min(high * float(factor), dg.MAX_SIGMA_SQUARED))
+        sigma_squared = dg.quantised(min(high * float(factor), dg.MAX_SIGMA_SQUARED))
         spent = noise_delta(sigma_squared, epsilon, bounds)
         if spent >= delta:
             continue
@@ -204,7 +200,7 @@ def release(
         )
     kind, key_array = as_key_array(keys)
     count_array = _count_array(counts, key_array.size)
-    if not pd.Index(key_array, dtype=object if key_array.dtype == object else None).is_unique:
+    if not _unique(key_array):
         raise ParameterError("keys must be distinct (aggregate counts per key first)")
     rng = resolve_rng(rng)
     present = np.flatnonzero(count_array > 0)

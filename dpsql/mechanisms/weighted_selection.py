@@ -38,13 +38,18 @@ from fractions import Fraction
 from functools import lru_cache
 
 import numpy as np
-import pandas as pd
 
 from dpsql.errors import ParameterError
 from dpsql.mechanisms import discrete_gaussian as dg
 from dpsql.mechanisms.hashing import as_key_array, fraction_in_open_unit, positive_finite
 from dpsql.mechanisms.random import resolve_rng
-from dpsql.mechanisms.threshold import Contribution, ThresholdRelease, _count_array
+from dpsql.mechanisms.threshold import (
+    _EXACT_LIMIT,
+    Contribution,
+    ThresholdRelease,
+    _count_array,
+    _unique,
+)
 
 __all__ = [
     "DEFAULT_SELECTION_SHARE",
@@ -63,7 +68,6 @@ DEFAULT_SELECTION_SHARE = 0.8
 """Share of the zCDP budget ρ spent on selecting keys; the counts get the rest."""
 
 _ROUND_UP = 1.0 + 1e-10
-_EXACT_LIMIT = 2**53
 _GRID = 12
 
 
@@ -105,13 +109,6 @@ def _smallest_tau(sigma_squared: Fraction, budget: float, weights: tuple[int, ..
         else:
             high = middle
     return high
-
-
-def _quantised(value: float) -> Fraction:
-    """σ² rounded up to a multiple of 1/16 (an integer above 2**24)."""
-    if value > 2**24:
-        return Fraction(math.ceil(value))
-    return Fraction(math.ceil(value * 16), 16)
 
 
 @dataclass(frozen=True)
@@ -186,8 +183,8 @@ def plan(
 
     def sigmas(rho: float) -> tuple[Fraction, Fraction]:
         return (
-            _quantised(WEIGHT_SCALE**2 / (2.0 * share * rho)),
-            _quantised(count_l2_squared / (2.0 * (1.0 - share) * rho)),
+            dg.quantised(WEIGHT_SCALE**2 / (2.0 * share * rho)),
+            dg.quantised(count_l2_squared / (2.0 * (1.0 - share) * rho)),
         )
 
     def spent(rho: float) -> float:
@@ -265,7 +262,7 @@ def release(
     kind, key_array = as_key_array(keys)
     count_array = _count_array(counts, key_array.size)
     weight_array = _count_array(weights, key_array.size)
-    if not pd.Index(key_array, dtype=object if key_array.dtype == object else None).is_unique:
+    if not _unique(key_array):
         raise ParameterError("keys must be distinct (aggregate counts per key first)")
     rng = resolve_rng(rng)
     present = np.flatnonzero(weight_array > 0)
