@@ -5,7 +5,7 @@ concurrent clients on loopback, as ratios against the same query through ``dpsql
 this process; then correctness at the cap: 16 clients x 50 queries against a cap that admits
 exactly K. Every loop is bounded; the script stops by itself.
 
-    .venv/bin/python benchmarks/bench_serve.py [--rows 100000] [--pairs 200] [--repeats 60]
+    .venv/bin/python benchmarks/bench_serve.py [--rows 100000] [--per-client 200] [--repeats 60]
         [--workers 2]
 
 The 1-client latency takes the three clients (local API, HTTP, remote client) in rotating blocks
@@ -38,7 +38,7 @@ ROOMY = DEMO_POLICY.replace("epsilon = 10.0", "epsilon = 1000000.0").replace(
 )
 
 
-def paired_latencies(server: Server, repeats: int, block: int = 10) -> dict[str, list[float]]:
+def block_latencies(server: Server, repeats: int, block: int = 10) -> dict[str, list[float]]:
     """Queries through each client in turn, in blocks of ``block``, ``repeats`` per client: the
     local API, ``POST /v1/query`` on a keep-alive ``http.client`` connection, and the remote client
     ``dpsql.connect(url)`` (httpx). Blocks in rotating order spread load from elsewhere on the
@@ -78,7 +78,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=100_000)
     parser.add_argument("--repeats", type=int, default=60, help="requests per concurrency level")
-    parser.add_argument("--pairs", type=int, default=200, help="queries per client at 1 client")
+    parser.add_argument(
+        "--per-client", type=int, default=200, help="queries per client at 1 client"
+    )
     parser.add_argument("--workers", type=int, default=2)
     args = parser.parse_args()
     workers = ("--workers", str(args.workers), "--rate-limit", "1000000")
@@ -86,15 +88,15 @@ def main() -> None:
         server = serve(Path(directory), *workers, policy=ROOMY, rows=args.rows)
         try:
             print(f"COUNT(*) over {args.rows} rows; service with {args.workers} worker(s)")
-            paired = paired_latencies(server, args.pairs)
-            local_median = statistics.median(paired["local"])
-            print(f"1 client, {args.pairs} queries each, in rotating blocks of 10:")
+            samples = block_latencies(server, args.per_client)
+            local_median = statistics.median(samples["local"])
+            print(f"1 client, {args.per_client} queries each, in rotating blocks of 10:")
             print(f"  local Python API:              median {local_median * 1e3:.2f} ms")
             for name, label in (
                 ("http", "POST /v1/query (http.client)"),
                 ("remote", "dpsql.connect(url) (httpx)"),
             ):
-                median = statistics.median(paired[name])
+                median = statistics.median(samples[name])
                 added = median - local_median
                 print(
                     f"  {label + ':':31s}median {median * 1e3:.2f} ms = "

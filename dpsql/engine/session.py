@@ -387,13 +387,13 @@ class Session:
                 "cost": {"epsilon": 0.0, "delta": 0.0},
                 "draws_on": [],
             }
-        streams = self._streams_for(shaped[0].shape, accuracy)
-        stream = streams and self._streams.route(shaped[0].shape, mechanism)
-        if stream:
-            return self._streams.explain(stream, shaped[1])
-        if streams and (wanted := self._streams.requested(shaped[0].shape, mechanism)):
-            opening = self._streams.plan_for_query(shaped[0].shape, wanted, epsilon, delta)
-            return self._streams.explain_opening(opening, shaped[1])
+        if self._streams_for(shaped[0].shape, accuracy):
+            stream = self._streams.route(shaped[0].shape, mechanism)
+            if stream is not None:
+                return self._streams.explain(stream, shaped[1])
+            if wanted := self._streams.requested(shaped[0].shape, mechanism):
+                opening = self._streams.plan_for_query(shaped[0].shape, wanted, epsilon, delta)
+                return self._streams.explain_opening(opening, shaped[1])
         plan, normalized = self._plan(
             sql, epsilon, delta, mechanism, shaped, max_answers, accuracy
         )

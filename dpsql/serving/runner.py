@@ -87,11 +87,10 @@ class EngineRunner:
         """The runner's ledger, its chain verified within the last ``verify_every`` seconds."""
         if self._ledger is None:
             self._ledger = Ledger(ledger_path(self.database), dataset=self.database.stem)
+            self._verified = time.monotonic()  # opening verified it
         elif time.monotonic() - self._verified >= self.verify_every:
             self._ledger.verify()
-        else:
-            return self._ledger
-        self._verified = time.monotonic()
+            self._verified = time.monotonic()
         return self._ledger
 
     def _follow_policy(self, ledger: Ledger) -> None:
