@@ -7,12 +7,16 @@ row per URL. For ε ∈ {0.5, 1, 2}, δ = 1e-6, L0 ∈ {1, 10, 50}, every mechan
 level on the same bounded data (``--trials`` seeds each): keys released, mean and median |error| of
 the released counts (against the bounded truth), and mean |error| on the keys today's Laplace
 threshold releases in the same trial (``on_laplace``). ``default`` marks the mechanism the engine
-picks (:func:`dpsql.engine.key_mechanisms.choose_default`, no data used). Then the issue's setting
-end to end through ``dpsql.connect`` with the default mechanism, and the total ε of 100 Gaussian
-releases under basic composition and under zCDP/RDP (Google's ``dp-accounting``).
+picks (:func:`dpsql.engine.key_mechanisms.choose_default`, no data used). ``mad2r`` is the
+two-round adaptive weighting (its round 2 computed from the bounded pairs, as the engine's second
+SQL pass does). Then the count-error frontier (``--frontier``: the selection's share of ρ against
+keys released and the error on Laplace's keys, at ε = 1, L0 = 10), the issue's setting end to end
+through ``dpsql.connect`` with the default mechanism, and the total ε of 100 Gaussian releases
+under basic composition and under zCDP/RDP (Google's ``dp-accounting``).
 
     python benchmarks/bench_partition_selection.py            # both tables, 3 trials
     python benchmarks/bench_partition_selection.py --quick    # issue table, ε = 1 only, 1 trial
+    python benchmarks/bench_partition_selection.py --frontier --skip-engine   # frontier only
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from bench_histogram import zipf_visits
 
 import dpsql
 from dpsql.engine.key_mechanisms import choose_default
-from dpsql.mechanisms import gaussian_threshold, threshold, weighted_selection
+from dpsql.mechanisms import adaptive_selection, gaussian_threshold, threshold, weighted_selection
 from dpsql.mechanisms.random import _seeded_for_tests
 from dpsql.mechanisms.threshold import Contribution
 
@@ -64,8 +68,19 @@ def per_key(pairs: pd.DataFrame, groups: int) -> tuple[np.ndarray, np.ndarray, n
     return frame.index.to_numpy(), frame["count"].to_numpy(), frame["weight"].to_numpy()
 
 
-def run(name: str, keys, counts, weights, epsilon: float, bounds: Contribution, seed: int):
+def run(
+    name: str, pairs, keys, counts, weights, epsilon: float, bounds: Contribution, seed: int,
+    share: float = weighted_selection.DEFAULT_SELECTION_SHARE,
+):  # fmt: skip
     rng = np.random.Generator(np.random.PCG64(seed))
+    if name == "mad2r":
+        units, urls = pairs["user_id"].to_numpy(), pairs["url"].to_numpy()
+        table = weighted_selection.unit_weights(bounds.new_keys)
+        return adaptive_selection.release(
+            keys, counts, weights,
+            lambda found: adaptive_selection.second_round_weights(units, urls, found, table),
+            epsilon=epsilon, delta=DELTA, bounds=bounds, rng=rng, selection_share=share,
+        )  # fmt: skip
     if name == "threshold":
         return threshold.release(
             keys, counts, epsilon=epsilon, delta=DELTA, rng=rng,
@@ -77,8 +92,9 @@ def run(name: str, keys, counts, weights, epsilon: float, bounds: Contribution, 
             keys, counts, epsilon=epsilon, delta=DELTA, bounds=bounds, rng=rng
         )
     return weighted_selection.release(
-        keys, counts, weights, epsilon=epsilon, delta=DELTA, bounds=bounds, rng=rng
-    )
+        keys, counts, weights, epsilon=epsilon, delta=DELTA, bounds=bounds, rng=rng,
+        selection_share=share,
+    )  # fmt: skip
 
 
 def table(title: str, visits: pd.DataFrame, epsilons, groups_list, trials: int) -> None:
@@ -95,10 +111,10 @@ def table(title: str, visits: pd.DataFrame, epsilons, groups_list, trials: int) 
             stats: dict[str, list] = {}
             for trial in range(trials):
                 laplace_keys = None
-                for name in ("threshold", "threshold_gaussian", "weighted"):
-                    if name == "weighted" and groups == 1:
+                for name in ("threshold", "threshold_gaussian", "weighted", "mad2r"):
+                    if name in ("weighted", "mad2r") and groups == 1:
                         continue
-                    out = run(name, keys, counts, weights, epsilon, bounds, 100 * trial + 1)
+                    out = run(name, pairs, keys, counts, weights, epsilon, bounds, 100 * trial + 1)
                     error = np.abs(out.values - truth.reindex(out.keys).to_numpy())
                     if name == "threshold":
                         laplace_keys = set(out.keys.tolist())
@@ -145,7 +161,7 @@ def end_to_end(trials: int) -> None:
         policy.write_text(POLICY)
         dpsql.set_policy(path, policy)
         print("\n== end to end (dpsql.connect), ε = 1, δ = 1e-6, L0 = 10, L∞ = 1, 1M rows")
-        for mechanism in (None, "threshold", "threshold_gaussian", "weighted"):
+        for mechanism in (None, "threshold", "threshold_gaussian", "weighted", "mad2r"):
             released, seconds = [], []
             for trial in range(trials):
                 generator = np.random.Generator(np.random.PCG64(trial + 50))
@@ -161,6 +177,37 @@ def end_to_end(trials: int) -> None:
                 f"  {mechanism or 'default'}: mechanism {result.mechanism}, keys released "
                 f"{np.mean(released):.0f} (trials {released}), median {np.median(seconds):.2f} s"
             )
+
+
+def frontier(trials: int) -> None:
+    """Keys released against the error of the counts of Laplace's keys as the selection's share
+    of ρ moves (ε = 1, δ = 1e-6, L0 = 10, the issue table). Laplace's own row is the target."""
+    groups, epsilon = 10, 1.0
+    pairs = bounded(zipf_visits(), groups)
+    keys, counts, weights = per_key(pairs, groups)
+    truth = pd.Series(counts, index=keys)
+    bounds = Contribution(groups, 1, groups)
+    print("\n== count-error frontier, issue table, ε = 1, δ = 1e-6, L0 = 10")
+    print("| mechanism | selection share | keys released | mean abs err | on_laplace |")
+    print("|---|---|---|---|---|")
+    rows = [("threshold", None), ("threshold_gaussian", None)]
+    rows += [(name, share) for name in ("weighted", "mad2r") for share in (0.3, 0.5, 0.65, 0.8)]
+    for name, share in rows:
+        stats = []
+        for trial in range(trials):
+            seed = 100 * trial + 1
+            laplace = run("threshold", pairs, keys, counts, weights, epsilon, bounds, seed)
+            on_keys = set(laplace.keys.tolist())
+            out = run(
+                name, pairs, keys, counts, weights, epsilon, bounds, seed,
+                share or weighted_selection.DEFAULT_SELECTION_SHARE,
+            )  # fmt: skip
+            error = np.abs(out.values - truth.reindex(out.keys).to_numpy())
+            on = np.array([k in on_keys for k in out.keys.tolist()])
+            stats.append((out.keys.size, error.mean(), error[on].mean()))
+        k, mean, on_mean = np.mean(np.array(stats, dtype=float), axis=0)
+        label = "" if share is None else f"{share:g}"
+        print(f"| {name} | {label} | {k:.0f} | {mean:.1f} | {on_mean:.1f} |")
 
 
 def composition() -> None:
@@ -188,9 +235,12 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=3)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-engine", action="store_true")
+    parser.add_argument("--frontier", action="store_true", help="only the count-error frontier")
     args = parser.parse_args()
     started = time.perf_counter()
-    if args.quick:
+    if args.frontier:
+        frontier(args.trials)
+    elif args.quick:
         table("issue table (Zipf(1) over 100k)", zipf_visits(), (1.0,), (10,), 1)
     else:
         epsilons, groups = (0.5, 1.0, 2.0), (1, 10, 50)
@@ -198,6 +248,7 @@ def main() -> None:
         table(
             "heavier tail (Zipf(0.8) over 1M)", heavy_tail_visits(), epsilons, groups, args.trials
         )
+        frontier(args.trials)
     if not args.skip_engine:
         end_to_end(1 if args.quick else args.trials)
     composition()
