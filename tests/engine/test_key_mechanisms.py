@@ -293,3 +293,25 @@ def test_a_bad_selection_share_is_refused_before_any_charge(tmp_path: Path, shar
     ):
         db.execute(sql)
     assert [e["kind"] for e in database_ledger(database)] == ["policy"]
+
+
+def test_mad2r_records_both_rounds_and_the_counts_in_its_zcdp_curve(tmp_path: Path) -> None:
+    from dpsql.engine.session import database_ledger
+
+    database = make_database(tmp_path / "v.duckdb", {"visits": zipf_visits(300)}, POLICY)
+    with seeded_connect(database, analyst="a", rng=np.random.default_rng(2)) as db:
+        db.execute(
+            "SELECT url, COUNT(*) FROM visits GROUP BY url",
+            epsilon=1,
+            delta=1e-6,
+            mechanism="mad2r",
+        )
+    params = database_ledger(database)[-1]["payload"]["events"][0]["params"]
+    chosen = adaptive_selection.plan(1.0, 1e-6, threshold.Contribution(10, 1, 10))
+    rounds = sum(
+        weighted_selection.WEIGHT_SCALE**2 / (2 * float(s))
+        for s in (chosen.first_sigma_squared, chosen.selection_sigma_squared)
+    )
+    counts = 10 / (2 * float(chosen.count_sigma_squared))
+    assert params["zcdp_rho"] == pytest.approx(rounds + counts, rel=1e-12)
+    assert params["zcdp_delta"] == chosen.threshold_delta
