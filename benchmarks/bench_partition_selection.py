@@ -17,6 +17,7 @@ under basic composition and under zCDP/RDP (Google's ``dp-accounting``).
     python benchmarks/bench_partition_selection.py            # both tables, 3 trials
     python benchmarks/bench_partition_selection.py --quick    # issue table, ε = 1 only, 1 trial
     python benchmarks/bench_partition_selection.py --frontier --skip-engine   # frontier only
+    python benchmarks/bench_partition_selection.py --one-round --skip-engine  # why not 'mad'
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import argparse
 import math
 import tempfile
 import time
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -210,6 +212,40 @@ def frontier(trials: int) -> None:
         print(f"| {name} | {label} | {k:.0f} | {mean:.1f} | {on_mean:.1f} |")
 
 
+def one_round(trials: int) -> None:
+    """A simulation (continuous noise; not an engine mechanism) of the one-round rerouting whose
+    sensitivity docs/partition_selection.md proves, ``(1 + 2λ)W``: keys with weight X above the
+    cap C = τ + 3σ free λ(1 − C/X) of each person's weight on them, spread over the person's kept
+    keys, and key totals are clipped at C. Against weighted selection's keys at the same ρ_s."""
+    groups, epsilon = 10, 1.0
+    pairs = bounded(zipf_visits(), groups)
+    _, unit_index = np.unique(pairs["user_id"].to_numpy(), return_inverse=True)
+    _, key_index = np.unique(pairs["url"].to_numpy(), return_inverse=True)
+    per_unit = np.bincount(unit_index)
+    base = weighted_selection.plan(epsilon, DELTA, Contribution(groups, 1, groups))
+    given = np.array(base.weights, dtype=float)[per_unit[unit_index] - 1]
+    totals = np.bincount(key_index, weights=given)
+    rng = np.random.default_rng(0)
+    print("\n== one-round rerouting (simulation), issue table, ε = 1, δ = 1e-6, L0 = 10")
+    plain = _drawn(totals, base.selection_sigma, base.tau, rng, trials)
+    print(f"  weighted selection: {plain:.0f} keys")
+    for factor in (0.1, 0.25, 0.5, 1.0):
+        sigma_squared = base.selection_sigma_squared * Fraction(1 + 2 * factor) ** 2
+        raised = tuple(math.ceil((1 + factor) * w) for w in base.weights)
+        tau = weighted_selection.smallest_tau(sigma_squared, base.threshold_delta, raised)
+        sigma = math.sqrt(float(sigma_squared))
+        cap = tau + 3 * sigma
+        freed = factor * np.clip(1 - cap / totals, 0, None)
+        per_person = np.bincount(unit_index, weights=given * freed[key_index]) / per_unit
+        rerouted = np.minimum(cap, totals + np.bincount(key_index, weights=per_person[unit_index]))
+        print(f"  λ = {factor:g}: {_drawn(rerouted, sigma, tau, rng, trials):.0f} keys")
+
+
+def _drawn(weights: np.ndarray, sigma: float, tau: int, rng, trials: int) -> float:
+    draws = [np.sum(weights + rng.normal(0, sigma, weights.size) >= tau) for _ in range(trials)]
+    return float(np.mean(draws))
+
+
 def composition() -> None:
     """Total ε at δ = 1e-6 of 100 Gaussian releases, each (1, 1e-6)-DP alone."""
     from dp_accounting import GaussianDpEvent, SelfComposedDpEvent
@@ -236,9 +272,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--skip-engine", action="store_true")
     parser.add_argument("--frontier", action="store_true", help="only the count-error frontier")
+    parser.add_argument("--one-round", action="store_true", help="only the one-round simulation")
     args = parser.parse_args()
     started = time.perf_counter()
-    if args.frontier:
+    if args.one_round:
+        one_round(args.trials)
+    elif args.frontier:
         frontier(args.trials)
     elif args.quick:
         table("issue table (Zipf(1) over 100k)", zipf_visits(), (1.0,), (10,), 1)

@@ -239,7 +239,7 @@ def test_mad_is_refused_with_the_reason(tmp_path: Path) -> None:
     database = make_database(tmp_path / "v.duckdb", {"visits": zipf_visits(300)}, POLICY)
     with (
         seeded_connect(database, analyst="a", rng=np.random.default_rng(2)) as db,
-        pytest.raises(ParameterError, match="one-round MAD.*use 'mad2r'"),
+        pytest.raises(ParameterError, match=r"one-round MAD.*use 'mad2r'"),
     ):
         db.explain(
             "SELECT url, COUNT(*) FROM visits GROUP BY url", epsilon=1, delta=1e-6, mechanism="mad"
