@@ -203,11 +203,15 @@ def release(
     second_weight_array = _count_array(second_weights, second_array.size)
     if second_array.size and second_kind != kind:
         raise ParameterError("round 2's keys are not of the same kind as round 1's")
-    if not _unique(second_array) or _within(second_array, first).any():
-        raise ParameterError("round 2's keys must be distinct and outside round 1's release")
+    if not _unique(second_array):
+        raise ParameterError("round 2's keys must be distinct")
     second = second_array[
         _selected(second_weight_array, chosen.selection_sigma_squared, chosen.tau, rng)
     ]
+    # A round-1 key the round-2 read did not leave out (another database's comparison) is
+    # released once: any public set of left-out keys keeps round 2 private, and this is
+    # post-processing of both rounds' outputs.
+    second = second[~_within(second, first)]
     selected = np.concatenate([first, second])
     selected = selected[rng.permutation(selected.size)]
     position = {key: index for index, key in enumerate(key_array.tolist())}

@@ -185,9 +185,14 @@ def test_counts_are_noised_and_keys_only_round_two_finds_count_zero() -> None:
     assert abs(lone) <= 6 * chosen.count_sigma
 
 
-def test_round_two_keys_must_be_outside_round_one() -> None:
-    with pytest.raises(ParameterError, match="outside round 1"):
+def test_round_one_keys_round_two_did_not_leave_out_are_released_once() -> None:
+    out = ad.release(
+        [1, 2], [500, 500], [500 * 128, 500 * 128], lambda found: (found, [10**7] * found.size),
+        epsilon=1.0, delta=1e-6, bounds=Contribution(1, 1), rng=_rng(1),
+    )  # fmt: skip
+    assert sorted(out.keys.tolist()) == [1, 2]
+    with pytest.raises(ParameterError, match="distinct"):
         ad.release(
-            [1, 2], [500, 500], [500 * 128, 500 * 128], lambda found: (found, [1] * found.size),
+            [1], [5], [5], lambda found: ([3, 3], [1, 1]),
             epsilon=1.0, delta=1e-6, bounds=Contribution(1, 1), rng=_rng(1),
         )  # fmt: skip
