@@ -22,7 +22,7 @@ def _left(shape: QueryShape, frame: pd.DataFrame) -> set:
     return {row[0] for row in con.execute(f'SELECT DISTINCT "k" FROM t{where}').fetchall()}
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(keys=st.lists(TEXT, min_size=1, max_size=12, unique=True), data=st.data())
 def test_text_keys_named_are_exactly_the_ones_left_out(keys, data) -> None:
     found = data.draw(st.lists(st.sampled_from(keys), unique=True))
@@ -32,7 +32,7 @@ def test_text_keys_named_are_exactly_the_ones_left_out(keys, data) -> None:
     )
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=20, deadline=None)
 @given(
     keys=st.lists(st.integers(-(2**63), 2**63 - 1), min_size=1, max_size=12, unique=True),
     data=st.data(),
