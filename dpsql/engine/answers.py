@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from dpsql.accountant.ledger import LedgerEntry
 from dpsql.engine.planner import MECHANISM, QUANTILE_WEIGHT, QueryPlan, literal_text
 from dpsql.engine.results import QueryResult
 from dpsql.mechanisms import (
+    adaptive_selection,
     combined,
     gaussian_threshold,
     sketch_split,
@@ -245,9 +247,11 @@ def key_answer(
     *,
     rng: np.random.Generator,
     analyst: str,
+    second_round: Callable[[np.ndarray], pd.DataFrame] | None = None,
 ) -> tuple[QueryResult, CombinedRelease | None]:
     """Release the heavy keys of a GROUP BY without public keys; with the combined structure,
-    also return it (the caller stores it as a synopsis)."""
+    also return it (the caller stores it as a synopsis). ``mad2r`` reads its round-2 weights
+    with ``second_round`` (the bounded aggregation without round 1's keys: key, ``weight``)."""
     structure = None
     spec = plan.key_release
     assert spec is not None
@@ -268,7 +272,27 @@ def key_answer(
         "rng": rng,
     }
     seed = spec.key_hash_seed if spec.key_hash_seed is not None else new_seed(rng)
-    if spec.mechanism == "weighted":
+    if spec.mechanism == "mad2r":
+        assert spec.weighted is not None and second_round is not None
+
+        def round_two(found: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            second = second_round(found)
+            values = second[column].to_numpy(dtype=keys.dtype)
+            return values, second["weight"].to_numpy(dtype=np.int64)
+
+        released = adaptive_selection.release(
+            keys,
+            counts,
+            frame["weight"].to_numpy(dtype=np.int64),
+            round_two,
+            epsilon=plan.epsilon,
+            delta=spec.delta,
+            bounds=_contribution(plan),
+            selection_share=spec.weighted.selection_share,
+            confidence=plan.confidence,
+            rng=rng,
+        )
+    elif spec.mechanism == "weighted":
         assert spec.weighted is not None
         released = weighted_selection.release(
             keys,

@@ -20,6 +20,7 @@ from dpsql.engine.key_mechanisms import DefaultChoice, choose_default
 from dpsql.engine.policy import Policy, PublicKey, TablePolicy
 from dpsql.errors import ParameterError, PolicyError, SchemaError, UnsupportedQueryError
 from dpsql.mechanisms import (
+    adaptive_selection,
     gaussian_threshold,
     quantile,
     sketch_split,
@@ -214,6 +215,14 @@ class QueryPlan:
                 "sensitivity max_rows_per_unit x the largest number of overlapping ranges"
             )
         if self.key_release is not None:
+            if self.key_release.mechanism == "mad2r":
+                return (
+                    "GROUP BY over a column without public keys and delta > 0: two-round "
+                    "adaptive weighted selection (MAD2R-style, Chen et al. 2025): round 1 finds "
+                    "the heavy keys on a small share of the budget, round 2 moves each person's "
+                    "weight to their other keys; then discrete Gaussian counts of the selected "
+                    "keys; nothing about the others"
+                )
             if self.key_release.mechanism == "weighted":
                 return (
                     "GROUP BY over a column without public keys and delta > 0: weighted "
@@ -504,7 +513,7 @@ def _zcdp_params(release: KeyRelease) -> tuple[tuple[str, float], ...]:
         return (("zcdp_rho", rho), ("zcdp_delta", release.gaussian.threshold_delta))
     if release.weighted is not None:
         plan = release.weighted
-        rho = weighted_selection.WEIGHT_SCALE**2 / (2 * float(plan.selection_sigma_squared))
+        rho = plan.selection_rho
         rho += plan.count_l2_sensitivity**2 / (2 * float(plan.count_sigma_squared))
         return (("zcdp_rho", rho), ("zcdp_delta", plan.threshold_delta))
     return ()
@@ -532,6 +541,12 @@ def _key_release_extras(release: KeyRelease, epsilon: float) -> dict[str, Any]:
                 for m in sorted({1, max(1, len(plan.weights) // 2), len(plan.weights)})
             },
         }
+        if isinstance(plan, adaptive_selection.AdaptivePlan):
+            extras["selection"]["rounds"] = (
+                f"round 1: sigma {plan.first_sigma:.4g}, tau {plan.first_tau} on "
+                f"{plan.first_share:.0%} of the selection's rho; round 2 (persons drop round 1's "
+                "keys and spread W over the rest): the sigma and tau above"
+            )
     if release.gaussian is not None:
         extras["noise"] = {
             "distribution": "discrete Gaussian",
@@ -591,6 +606,7 @@ _MECHANISMS = {
     "threshold_laplace": "threshold",
     "threshold_gaussian": "threshold_gaussian",
     "weighted": "weighted",
+    "mad2r": "mad2r",
     "alp": "combined",
     "combined": "combined",
 }
@@ -615,6 +631,12 @@ def _mechanism_option(shape: QueryShape, given: str | None) -> str | None:
             f"mechanism is given both in OPTIONS ({option!r}) and as an argument ({given!r})"
         )
     chosen = given if given is not None else option
+    if chosen == "mad":
+        raise ParameterError(
+            "mechanism 'mad' (one-round MAD) is not available: the one-round rerouting's "
+            "sensitivity dpsql can prove costs more noise than it gains "
+            "(docs/partition_selection.md); use 'mad2r', the two-round adaptive weighting"
+        )
     if chosen is not None and chosen not in _MECHANISMS:
         raise ParameterError(
             f"unknown mechanism {chosen!r}; choose one of {', '.join(sorted(_MECHANISMS))}"
@@ -683,17 +705,17 @@ def _key_release(
     default = choose_default(epsilon, delta, bounds) if delta > 0 and mechanism is None else None
     if default is not None:
         chosen = default.mechanism
-    if chosen in ("threshold_gaussian", "weighted") and delta == 0:
+    if chosen in ("threshold_gaussian", "weighted", "mad2r") and delta == 0:
         raise UnsupportedQueryError(f"mechanism {mechanism!r} needs delta > 0")
     weighted = None
     share = shape.options.get("selection_share")
-    if share is not None and chosen != "weighted":
+    if share is not None and chosen not in ("weighted", "mad2r"):
         raise ParameterError(
-            f"selection_share applies to mechanism 'weighted', not {chosen!r}; name it with "
-            "mechanism='weighted'"
+            f"selection_share applies to mechanisms 'weighted' and 'mad2r', not {chosen!r}; "
+            "name one with mechanism=..."
         )
-    if chosen == "weighted":
-        weighted = weighted_selection.plan(
+    if chosen in ("weighted", "mad2r"):
+        weighted = (weighted_selection if chosen == "weighted" else adaptive_selection).plan(
             epsilon,
             delta,
             bounds,

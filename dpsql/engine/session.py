@@ -79,6 +79,7 @@ from dpsql.mechanisms import svt
 from dpsql.mechanisms.combined import CombinedRelease
 from dpsql.mechanisms.random import session_generator
 from dpsql.sql.analyze import analyze
+from dpsql.sql.exclusion import without_keys
 from dpsql.sql.expressions import explained
 from dpsql.sql.generate import (
     Histogram,
@@ -626,7 +627,14 @@ class Session:
         frame = self._read(generated)
         if plan.key_release is not None:
             progress(f"building {plan.mechanism} release", None)
-            answer, structure = key_answer(plan, frame, entry, rng=self.rng, analyst=self.analyst)
+            answer, structure = key_answer(
+                plan,
+                frame,
+                entry,
+                rng=self.rng,
+                analyst=self.analyst,
+                second_round=self._second_round(plan, salt),
+            )
             if structure is not None:
                 self._store_synopsis(plan, entry, structure)
             progress(DONE, 1.0)
@@ -635,6 +643,27 @@ class Session:
         result = laplace_answer(plan, frame, entry, rng=self.rng, analyst=self.analyst)
         progress(DONE, 1.0)
         return (result.model_copy(update={"details": details}) if details else result), plan
+
+    def _second_round(self, plan: QueryPlan, salt: int) -> Callable[[Any], pd.DataFrame] | None:
+        """mad2r's round 2: the same bounded aggregation (same salt) without round 1's keys,
+        only the weights (``dpsql.mechanisms.adaptive_selection``)."""
+        release = plan.key_release
+        if release is None or release.mechanism != "mad2r":
+            return None
+
+        def read(found: Any) -> pd.DataFrame:
+            sql = bounded_aggregate(
+                without_keys(plan.shape, release.column, list(found)),
+                measures=[],
+                bounds=plan.bounds,
+                public_keys=plan.key_literals,
+                salt=salt,
+                dialect=self.backend.dialect,
+                weights=unit_weights_of(plan),
+            )
+            return self._read(sql, "reading round 2")
+
+        return read
 
     def _histogram_sql(self, plan: QueryPlan, spec: QuantilePlan) -> str:
         """The bounded histogram a quantile reads (``dpsql.sql.generate.Histogram``)."""

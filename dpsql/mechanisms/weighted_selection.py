@@ -58,6 +58,7 @@ __all__ = [
     "plan",
     "release",
     "selection_delta",
+    "smallest_tau",
     "unit_weights",
 ]
 
@@ -94,7 +95,7 @@ def selection_delta(tau: int, sigma_squared: Fraction, weights: tuple[int, ...])
     return min(1.0, worst * _ROUND_UP)
 
 
-def _smallest_tau(sigma_squared: Fraction, budget: float, weights: tuple[int, ...]) -> int:
+def smallest_tau(sigma_squared: Fraction, budget: float, weights: tuple[int, ...]) -> int:
     """The smallest integer τ with ``selection_delta(τ) <= budget`` (it decreases in τ)."""
     low = weights[0]  # at τ = w_1 a lone key passes half the time: never within a small budget
     step = max(1, math.isqrt(int(sigma_squared)))
@@ -137,6 +138,11 @@ class WeightedPlan:
     def scale(self) -> Fraction:
         """σ of the counts' noise (shown as the noise scale)."""
         return Fraction(self.count_sigma).limit_denominator(2**20)
+
+    @property
+    def selection_rho(self) -> float:
+        """zCDP ρ of the selection (weights of L2 norm at most W)."""
+        return _rho(self.selection_sigma_squared, WEIGHT_SCALE**2)
 
     @property
     def selection_sigma(self) -> float:
@@ -217,7 +223,7 @@ def plan(
         used = spent(low * float(factor))
         if used >= delta:
             continue
-        tau = _smallest_tau(selection, delta - used, weights)
+        tau = smallest_tau(selection, delta - used, weights)
         if best is None or tau < best.tau:
             best = WeightedPlan(
                 epsilon,

@@ -12,8 +12,9 @@ from scipy import stats
 
 from dpsql.engine.key_mechanisms import choose_default
 from dpsql.engine.policy import parse_policy
-from dpsql.mechanisms import gaussian_threshold, threshold, weighted_selection
+from dpsql.mechanisms import adaptive_selection, gaussian_threshold, threshold, weighted_selection
 from dpsql.sql.analyze import analyze
+from dpsql.sql.exclusion import without_keys
 from dpsql.sql.generate import Bounds, Measure, MeasureKind, bounded_aggregate
 from dpsql.sql.parse import parse
 from tests.conftest import make_database, seeded_connect
@@ -63,12 +64,33 @@ def _expected_keys(frame: pd.DataFrame, epsilon: float, delta: float) -> dict[st
     unit_weight = np.array(weighted.weights)[frame["user_id"].map(per_user).to_numpy() - 1]
     key_weights = pd.Series(unit_weight).groupby(frame["url"].to_numpy()).sum().to_numpy()
     return {
+        "mad2r": _expected_mad2r(frame, epsilon, delta),
         "threshold": float(sum(rule.release_probability(int(c)) for c in counts)),
         "threshold_gaussian": float(stats.norm.sf((gauss.tau - 0.5 - counts) / gauss.sigma).sum()),
         "weighted": float(
             stats.norm.sf((weighted.tau - 0.5 - key_weights) / weighted.selection_sigma).sum()
         ),
     }
+
+
+def _expected_mad2r(frame: pd.DataFrame, epsilon: float, delta: float) -> float:
+    """mad2r's expected released keys: round 1 drawn (2 draws, Gaussian noise), round 2 in
+    expectation given it."""
+    chosen = adaptive_selection.plan(epsilon, delta, threshold.Contribution(10, 1, 10))
+    rng = np.random.default_rng(0)
+    per_user = frame.groupby("user_id").size()
+    unit_weight = np.array(chosen.weights)[frame["user_id"].map(per_user).to_numpy() - 1]
+    weights = pd.Series(unit_weight).groupby(frame["url"].to_numpy()).sum()
+    totals = []
+    for _ in range(2):
+        noisy = weights + rng.normal(0, chosen.first_sigma, weights.size)
+        first = weights.index[noisy >= chosen.first_tau].to_numpy()
+        _, second = adaptive_selection.second_round_weights(
+            frame["user_id"].to_numpy(), frame["url"].to_numpy(), first, chosen.weights
+        )
+        tail = stats.norm.sf((chosen.tau - 0.5 - second) / chosen.selection_sigma).sum()
+        totals.append(first.size + tail)
+    return float(np.mean(totals))
 
 
 def test_the_default_releases_the_most_keys_on_the_benchmarks_shape() -> None:
@@ -122,6 +144,7 @@ def test_weights_summed_in_sql_are_each_persons_bounded_weights(tmp_path: Path) 
         ("threshold_laplace", "threshold"),
         ("threshold_gaussian", "threshold_gaussian"),
         ("weighted", "weighted"),
+        ("mad2r", "mad2r"),
         ("alp", "combined"),
     ],
 )
@@ -151,11 +174,12 @@ def test_explain_says_which_default_and_why(tmp_path: Path) -> None:
     with seeded_connect(database, analyst="a", rng=np.random.default_rng(2)) as db:
         plan = db.explain("SELECT url, COUNT(*) FROM visits GROUP BY url", epsilon=1, delta=1e-6)
     release = plan["plan"]["key_release"]
-    assert plan["plan"]["mechanism"] == "weighted"
-    assert (
-        "weighted" in release["default_choice"]
-        and "threshold_gaussian" in release["default_choice"]
+    assert plan["plan"]["mechanism"] == "mad2r"
+    assert all(
+        name in release["default_choice"]
+        for name in ("threshold_gaussian", "weighted", "mad2r", "mad2r_worst")
     )
+    assert "round 1" in release["selection"]["rounds"]
     assert release["selection"]["noise_delta"] + release["selection"]["threshold_delta"] <= 1e-6
 
 
@@ -164,7 +188,7 @@ def test_delta_zero_refuses_gaussian_mechanisms(tmp_path: Path) -> None:
 
     database = make_database(tmp_path / "v.duckdb", {"visits": zipf_visits(500)}, POLICY)
     with seeded_connect(database, analyst="a", rng=np.random.default_rng(2)) as db:
-        for name in ("threshold_gaussian", "weighted"):
+        for name in ("threshold_gaussian", "weighted", "mad2r"):
             with pytest.raises(UnsupportedQueryError, match="needs delta > 0"):
                 db.explain(
                     "SELECT url, COUNT(*) FROM visits GROUP BY url",
@@ -172,6 +196,54 @@ def test_delta_zero_refuses_gaussian_mechanisms(tmp_path: Path) -> None:
                     delta=0,
                     mechanism=name,
                 )
+
+
+def test_round_two_sql_weights_are_each_persons_weights_outside_round_one(tmp_path: Path) -> None:
+    """The engine's round 2 (round 1's SQL without the found keys, same salt) sums the weights
+    ``adaptive_selection.second_round_weights`` gives; a person with 25 keys re-chooses 10 among
+    the rest, still of L2 norm at most W."""
+    frame = zipf_visits(3_000, seed=5)
+    extra = pd.DataFrame({"user_id": 10**6, "url": [f"/many/{i}" for i in range(25)]})
+    frame = pd.concat([frame, extra], ignore_index=True)
+    shape = analyze(
+        parse("SELECT url, COUNT(*) FROM visits GROUP BY url"),
+        {"visits": {"user_id": "BIGINT", "url": "VARCHAR"}},
+    )
+    weights = weighted_selection.unit_weights(10)
+    counts = frame.groupby("url").size()
+    found = [*counts.nlargest(30).index, "/many/0", "/many/1", "/many/2"]
+    sql = bounded_aggregate(
+        without_keys(shape, "url", found),
+        measures=[],
+        bounds=Bounds("user_id", 10, 1, 10, None),
+        public_keys={},
+        salt=7,
+        weights=weights,
+    )
+    con = duckdb.connect()
+    con.register("visits", frame)
+    out = con.execute(sql).df().set_index("url")["weight"]
+    ordinary = frame[frame.user_id != 10**6]
+    keys, expected = adaptive_selection.second_round_weights(
+        ordinary["user_id"].to_numpy(), ordinary["url"].to_numpy(), np.array(found), weights
+    )
+    assert not set(found) & set(out.index)
+    assert (out.loc[keys].to_numpy() == expected).all()
+    many = out.loc[out.index.str.startswith("/many/")]
+    assert many.size == 10 and (many == weights[9]).all()
+
+
+def test_mad_is_refused_with_the_reason(tmp_path: Path) -> None:
+    from dpsql.errors import ParameterError
+
+    database = make_database(tmp_path / "v.duckdb", {"visits": zipf_visits(300)}, POLICY)
+    with (
+        seeded_connect(database, analyst="a", rng=np.random.default_rng(2)) as db,
+        pytest.raises(ParameterError, match=r"one-round MAD.*use 'mad2r'"),
+    ):
+        db.explain(
+            "SELECT url, COUNT(*) FROM visits GROUP BY url", epsilon=1, delta=1e-6, mechanism="mad"
+        )
 
 
 def test_the_selection_share_is_an_option_of_weighted_only(tmp_path: Path) -> None:
@@ -221,3 +293,25 @@ def test_a_bad_selection_share_is_refused_before_any_charge(tmp_path: Path, shar
     ):
         db.execute(sql)
     assert [e["kind"] for e in database_ledger(database)] == ["policy"]
+
+
+def test_mad2r_records_both_rounds_and_the_counts_in_its_zcdp_curve(tmp_path: Path) -> None:
+    from dpsql.engine.session import database_ledger
+
+    database = make_database(tmp_path / "v.duckdb", {"visits": zipf_visits(300)}, POLICY)
+    with seeded_connect(database, analyst="a", rng=np.random.default_rng(2)) as db:
+        db.execute(
+            "SELECT url, COUNT(*) FROM visits GROUP BY url",
+            epsilon=1,
+            delta=1e-6,
+            mechanism="mad2r",
+        )
+    params = database_ledger(database)[-1]["payload"]["events"][0]["params"]
+    chosen = adaptive_selection.plan(1.0, 1e-6, threshold.Contribution(10, 1, 10))
+    rounds = sum(
+        weighted_selection.WEIGHT_SCALE**2 / (2 * float(s))
+        for s in (chosen.first_sigma_squared, chosen.selection_sigma_squared)
+    )
+    counts = 10 / (2 * float(chosen.count_sigma_squared))
+    assert params["zcdp_rho"] == pytest.approx(rounds + counts, rel=1e-12)
+    assert params["zcdp_delta"] == chosen.threshold_delta
