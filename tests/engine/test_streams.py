@@ -217,9 +217,9 @@ def test_binned_columns_answer_only_cell_aligned_ranges(people) -> None:
     [
         ("nope", [("age", 1)], {}, "unknown table"),
         ("people", [("nope", 1)], {}, "unknown column"),
-        ("people", [("city", 1)], {}, "integer columns"),
-        ("people", [("uid", 1)], {}, "needs bounds"),
-        ("people", [("score", 1)], {}, "integer columns"),
+        ("people", [("city", 1)], {}, "streams take integer"),
+        ("people", [("uid", 1)], {}, "privacy unit"),
+        ("people", [("score", 1)], {}, "streams take integer"),
         ("people", [("age", 0)], {}, "bin width"),
         ("people", [("age", 1), ("age", 2)], {}, "twice"),
         ("people", [("age", 1), ("income", 1)], {"mechanism": "range_tree"}, "exactly one"),
@@ -343,7 +343,7 @@ def test_options_mechanism_opens_a_stream_on_a_first_query(people) -> None:
             session.execute(
                 "SELECT age, COUNT(*) FROM people GROUP BY age", mechanism="pmw", epsilon=0.5
             )
-        with pytest.raises(ParameterError, match="integer columns"):
+        with pytest.raises(UnsupportedQueryError, match="declared bounds"):
             session.execute(
                 "SELECT COUNT(*) FROM people WHERE city = 'a'", mechanism="pmw", epsilon=0.5
             )
