@@ -346,7 +346,7 @@ def _kind(name: str, type_name: str) -> tuple[str, int]:
     if kind == "decimal":
         built = exp.DataType.build(type_name, dialect="duckdb")
         sizes = [int(e.this.this) for e in built.expressions]
-        precision, scale = (sizes + [18, 3])[:2] if len(sizes) != 1 else (sizes[0], 0)
+        precision, scale = [*sizes, 18, 3][:2] if len(sizes) != 1 else (sizes[0], 0)
         if precision > _MAX_DECIMAL_PRECISION:
             raise ParameterError(problem)
     return kind, scale
@@ -379,8 +379,9 @@ def value_sql(column: StreamColumn, ticks: str) -> str:
 def _literal(value: Any, type_name: str) -> exp.Cast:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ParameterError(f"a stream bound or width is a number or text, got {value!r}")
-    text = value if isinstance(value, str) else (str(value) if isinstance(value, int) else repr(value))
-    return exp.Cast(this=exp.Literal.string(text), to=exp.DataType.build(type_name, dialect="duckdb"))
+    text = value if isinstance(value, str) else repr(value)
+    target = exp.DataType.build(type_name, dialect="duckdb")
+    return exp.Cast(this=exp.Literal.string(text), to=target)
 
 
 def _resolved(
@@ -388,12 +389,13 @@ def _resolved(
 ) -> StreamColumn:
     """The column's bounds and width in ticks, converted and counted by the database."""
     kind, scale = _kind(name, type_name)
-    if kind in ("integer", "date"):
-        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-            unit = " (days)" if kind == "date" else ""
-            raise ParameterError(
-                f"bin width of {name!r} must be a positive integer{unit}, got {width!r}"
-            )
+    if kind in ("integer", "date") and (
+        isinstance(width, bool) or not isinstance(width, int) or width < 1
+    ):
+        unit = " (days)" if kind == "date" else ""
+        raise ParameterError(
+            f"bin width of {name!r} must be a positive integer{unit}, got {width!r}"
+        )
     if kind == "integer":
         for bound in (low, high):
             if isinstance(bound, bool) or not float(bound).is_integer():
