@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
+import pandas as pd
 from sqlglot import exp
 
 from dpsql.accountant.events import MechanismEvent
@@ -423,7 +424,7 @@ def _resolved(
         row = converter.run(f"SELECT {ends}, TRY_CAST({step} AS BIGINT)").iloc[0]
     except Exception as error:  # the bounds and width are the caller's literals, not data
         raise ParameterError(f"stream column {name!r}: bad bounds or width ({error})") from None
-    low_ticks, high_ticks, ticks = (None if v is None or v != v else int(v) for v in row)
+    low_ticks, high_ticks, ticks = (None if pd.isna(v) else int(v) for v in row)
     if ticks is None or ticks < 1:
         raise ParameterError(
             f"bin width of {name!r} must be positive (a TIMESTAMP's a fixed-length interval such "
