@@ -98,7 +98,8 @@ def test_a_fixed_filter_is_charged_once_and_matched_exactly(people: Path) -> Non
         answered = [
             "SELECT COUNT(*) FROM people WHERE age BETWEEN 30 AND 39 AND city = 'a'",
             "SELECT COUNT(*) FROM people WHERE city = 'a' AND age < 50",
-            "SELECT COUNT(*) FROM people WHERE (city = 'a') AND (age >= 50 OR age < 5) AND city = 'a'",
+            "SELECT COUNT(*) FROM people WHERE (city = 'a') AND (age >= 50 OR age < 5) "
+            "AND city = 'a'",
             "SELECT COUNT(*) FROM people WHERE \"CITY\" = 'a'",
             "SELECT COUNT(*) FROM people WHERE city = 'a' AND age > 90 AND age > 90",
             "SELECT COUNT(*) FROM people WHERE 'a' = city AND age < 50",  # the analyzer's order
