@@ -454,8 +454,9 @@ class StreamDesk:
             confidence=confidence,
             details=details,
             measures={
-                name: f"rows inside stream {stream.name!r}'s domain, at most "
-                f"{stream.params['sensitivity']} per person"
+                name: f"rows inside stream {stream.name!r}'s domain"
+                + (f" where {' AND '.join(fixed_filter(stream))}" if fixed_filter(stream) else "")
+                + f", at most {stream.params['sensitivity']} per person"
             },
             epsilon=0.0,
             delta=0.0,
