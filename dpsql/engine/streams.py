@@ -398,9 +398,14 @@ def _resolved(
             f"bin width of {name!r} must be a positive integer{unit}, got {width!r}"
         )
     if kind == "integer":
-        for bound in (low, high):
-            if isinstance(bound, bool) or not float(bound).is_integer():
-                raise ParameterError(f"stream column {name!r} needs integer bounds, got {bound!r}")
+        try:
+            exact = [not isinstance(b, bool) and float(b).is_integer() for b in (low, high)]
+        except (TypeError, ValueError):
+            exact = [False]
+        if not all(exact):
+            raise ParameterError(
+                f"stream column {name!r} needs integer bounds, got {low!r}, {high!r}"
+            )
         low, high = int(float(low)), int(float(high))
     bounds = converter.convert(
         [_literal(low, type_name), _literal(high, type_name)], f"bound of stream column {name!r}"

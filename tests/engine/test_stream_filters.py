@@ -6,6 +6,7 @@ normal charged query or a refusal that charges nothing."""
 from __future__ import annotations
 
 import datetime as dt
+import json
 from pathlib import Path
 
 import duckdb
@@ -215,3 +216,17 @@ def test_date_timestamp_and_decimal_streams_answer_in_their_own_type(people: Pat
         assert len(session.ledger()) == entries
         with pytest.raises(ParameterError, match="needs bounds"):
             session.open_stream("people", [("day", 1)], epsilon=1.0)
+
+
+def test_cli_opens_a_typed_stream_with_a_filter(people: Path, capsys) -> None:
+    from dpsql.cli import main
+
+    args = ["stream", "open", "--db", str(people), "--analyst", "alice", "--table", "people"]
+    typed = ["--column", "seen:6 hours", "--bounds", "seen=2024-01-01..2024-01-05 23:59:59"]
+    rest = ["--filter", "city = 'a'", "--mechanism", "range_tree", "--epsilon", "1"]
+    assert main([*args, *typed, *rest, "--format", "json"]) == 0
+    opened = json.loads(capsys.readouterr().out)
+    assert opened["cells"] == 20 and opened["filters"] == ["\"city\" = 'a'"]
+    assert opened["columns"][0]["bounds"] == ["2024-01-01 00:00:00", "2024-01-05 23:59:59"]
+    assert main([*args, "--column", "age", "--bounds", "day=1..2", "--epsilon", "1"]) == 2
+    assert main([*args, "--column", "age", "--bounds", "age=1-2", "--epsilon", "1"]) == 2
