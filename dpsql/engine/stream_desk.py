@@ -111,6 +111,7 @@ class StreamDesk:
         name: str | None,
         filter: str | None = None,
         fixed: tuple[str, ...] | None = None,
+        warm_share: float | None = None,
     ) -> StreamPlan:
         """Check and price a stream from the policy alone (reads no data). Its fixed filter is
         ``filter`` (the text of a WHERE condition, bound like a query's) or ``fixed`` (already
@@ -143,6 +144,7 @@ class StreamDesk:
             updates=updates,
             threshold=threshold,
             expected_queries=expected_queries,
+            warm_share=warm_share,
         )
         if fixed:
             params["filter"] = list(fixed)
@@ -353,6 +355,7 @@ class StreamDesk:
             sensitivity=params["sensitivity"],
             count_share=params["count_share"],
             value_share=params["value_share"],
+            warm_share=params.get("warm_share", 0.0),
             replays=params["replays"],
             rng=self._session.rng,
             state=state,

@@ -68,6 +68,8 @@ MAX_PMW_CELLS = 2**16
 MAX_UPDATES = 1000
 
 DEFAULT_UPDATES = 50
+DEFAULT_WARM_SHARE = 0.8
+"""Share of a PMW stream's ε spent on its warm start (``dpsql.mechanisms.pmw``)."""
 DEFAULT_REPLAYS = 10
 DEFAULT_EXPECTED_QUERIES = 1000
 
@@ -496,6 +498,7 @@ def stream_params(
     updates: int | None,
     threshold: float | None,
     expected_queries: int,
+    warm_share: float | None = None,
 ) -> dict[str, Any]:
     """The public parameters of a stream, all fixed before any data is read."""
     if mechanism not in STREAM_MECHANISMS:
@@ -505,8 +508,10 @@ def stream_params(
     if mechanism == "range_tree":
         if len(columns) != 1:
             raise ParameterError("a range_tree stream covers exactly one column")
-        if updates is not None or threshold is not None:
-            raise ParameterError("updates and threshold are parameters of 'pmw' streams")
+        if updates is not None or threshold is not None or warm_share is not None:
+            raise ParameterError(
+                "updates, threshold and warm_share are parameters of 'pmw' streams"
+            )
         if delta:
             raise ParameterError("a range_tree stream is pure DP: give delta = 0")
         return {"branching": choose_branching(columns[0].cells), "sensitivity": sensitivity}
@@ -520,10 +525,16 @@ def stream_params(
     limit = MAX_UPDATES
     if isinstance(updates, bool) or not isinstance(updates, int) or not 1 <= updates <= limit:
         raise ParameterError(f"updates must be an integer in [1, {limit}], got {updates!r}")
+    warm_share = DEFAULT_WARM_SHARE if warm_share is None else warm_share
+    if isinstance(warm_share, bool) or not isinstance(warm_share, int | float):
+        raise ParameterError(f"warm_share must be a number in [0, 1), got {warm_share!r}")
+    if not 0.0 <= warm_share < 1.0:
+        raise ParameterError(f"warm_share must be a number in [0, 1), got {warm_share!r}")
     if threshold is None:
         # The comparisons' noise scale times ln(expected queries): about one query in the
-        # expected stream passes by noise alone (public parameters only).
-        share = 0.95 * (1 - 1 / 9)
+        # expected stream passes by noise alone (public parameters only). A warm start takes
+        # its share and the row count (no count share); otherwise 5% go to the row count.
+        share = (1 - warm_share if warm_share else 0.95) * (1 - 1 / 9)
         comparisons = svt_plan(
             epsilon=epsilon * share, c=updates, delta=delta / 2, sensitivity=sensitivity
         )
@@ -537,6 +548,7 @@ def stream_params(
         "replays": DEFAULT_REPLAYS,
         "count_share": 0.05,
         "value_share": 1 / 9,
+        "warm_share": float(warm_share),
     }
 
 
