@@ -264,8 +264,9 @@ def test_warm_prior_is_a_distribution_that_keeps_the_tree_s_block_totals() -> No
 
 def test_a_warm_start_answers_ranges_more_accurately() -> None:
     """On a concentrated 4,096-cell histogram of 200,000 rows, 300 random ranges at ε = 1 (the
-    engine's default thresholds): a warm start (ε·0.8) answers all of them with a mean absolute error below 1/10 of
-    the uniform start's (which runs out of updates), and every answer is still within the stated alpha (β = 0.05)."""
+    engine's default thresholds): a warm start (ε·0.8) answers all of them with a mean absolute
+    error below 1/10 of the uniform start's (which runs out of updates), and every answer is
+    still within the stated alpha (β = 0.05)."""
     rng = _rng(12)
     values = np.clip(rng.normal(1200, 150, 200_000), 0, 4095).astype(np.int64)
     histogram = np.bincount(values, minlength=4096)
