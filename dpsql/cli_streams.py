@@ -88,6 +88,12 @@ def stream() -> None:
     show_default=True,
     help="pmw: sizes the default threshold.",
 )
+@click.option(
+    "--warm-share",
+    type=float,
+    default=None,
+    help="pmw: share of epsilon spent on the warm start (a noisy tree); default 0.8.",
+)
 @click.option("--name", default=None, help="Name of the stream (default: derived).")
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table")
 def stream_open(
@@ -103,6 +109,7 @@ def stream_open(
     updates: int | None,
     threshold: float | None,
     expected_queries: int,
+    warm_share: float | None,
     name: str | None,
     output_format: str,
 ) -> None:
@@ -125,6 +132,7 @@ def stream_open(
             expected_queries=expected_queries,
             name=name,
             filter=fixed,
+            warm_share=warm_share,
         )
     if output_format == "json":
         click.echo(json.dumps(opened))

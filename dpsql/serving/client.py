@@ -144,6 +144,7 @@ class RemoteSession:
         expected_queries: int | None = None,
         name: str | None = None,
         filter: str | None = None,
+        warm_share: float | None = None,
     ) -> dict[str, Any]:
         """Open a query stream on the service (``Session.open_stream``'s arguments), charging
         ``(epsilon, delta)`` to the token's analyst once; returns its description."""
@@ -163,6 +164,7 @@ class RemoteSession:
             "expected_queries": expected_queries,
             "name": name,
             "filter": filter,
+            "warm_share": warm_share,
         }
         body = {
             "table": table,

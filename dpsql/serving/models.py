@@ -96,6 +96,9 @@ class StreamRequest(BaseModel):
     updates: int | None = Field(None, description="pmw: updates before the stream stops")
     threshold: float | None = Field(None, description="pmw: the error threshold, in rows")
     expected_queries: int | None = Field(None, description="pmw: sets the default threshold")
+    warm_share: float | None = Field(
+        None, description="pmw: share of epsilon spent on the warm start (default 0.8)"
+    )
     name: str | None = Field(None, max_length=64, description="the stream's name")
 
     def arguments(self) -> dict[str, Any]:
@@ -108,6 +111,7 @@ class StreamRequest(BaseModel):
             "updates": self.updates,
             "threshold": self.threshold,
             "expected_queries": self.expected_queries,
+            "warm_share": self.warm_share,
             "name": self.name,
         }
         return {k: v for k, v in given.items() if v is not None}
