@@ -22,15 +22,16 @@ The data is a histogram ``h`` over a public finite domain ``X`` (``n = Σh`` row
 
 **Warm start** (``warm_share > 0``; our addition, private by composition): before the first query
 a share ``ε_w = warm_share·ε`` releases the hierarchical histogram of the data over the (flattened)
-domain (:func:`dpsql.mechanisms.hierarchical.release_hierarchical`, ε_w-DP), and ``p̂`` starts
-from its consistent leaves made non-negative top-down (:func:`warm_prior`: at every level the
-children's negative estimates are set to 0 and the rest rescaled to their parent's value, which
-is post-processing) instead of from the uniform distribution. The online PMW then runs on the
-remaining ``ε − ε_w``; it is ``(ε − ε_w, δ)``-DP for *every* fixed starting distribution, so the
-whole stream is ``(ε, δ)``-DP by (adaptive) sequential composition. Uniform is the worst start
-for a concentrated distribution: the multiplicative-weights potential ``KL(h/n ‖ p̂)`` starts
-at up to ``ln|X|`` and each update removes only ``(γ² − ρ²)/4`` of it; a noisy histogram starts
-it near 0, so the sparse vector rarely fires and the answers have the histogram's error.
+domain (:func:`dpsql.mechanisms.hierarchical.release_hierarchical`, ε_w-DP). Instead of the
+uniform distribution, ``p̂`` starts from its consistent leaves made non-negative top-down
+(:func:`warm_prior`: at every level the children's estimates below one noise standard deviation
+are set to 0 and the rest rescaled to their parent's value), and ``n̂`` is the sum of those
+leaves (no count share): post-processing of the tree. The online PMW then runs on the remaining
+``ε − ε_w``; it is ``(ε − ε_w, δ)``-DP for *every* fixed starting distribution, so the whole
+stream is ``(ε, δ)``-DP by (adaptive) sequential composition. Uniform is the worst start for a
+concentrated distribution: the multiplicative-weights potential ``KL(h/n ‖ p̂)`` starts at up to
+``ln|X|`` and each update removes only ``(γ² − ρ²)/4`` of it; a noisy histogram starts it near
+0, so the sparse vector rarely fires and the answers have about the histogram's error.
 
 Two practical options, both post-processing of released values (privacy unchanged):
 ``replays`` sweeps the same step over the (most recent 64) measurements after each update
@@ -172,18 +173,22 @@ def _histogram(histogram: object) -> np.ndarray:
     return array.astype(np.int64)
 
 
-def warm_prior(consistent: np.ndarray, branching: int, cells: int) -> np.ndarray:
+def warm_prior(
+    consistent: np.ndarray, branching: int, cells: int, cut: float = 0.0
+) -> np.ndarray:
     """A non-negative distribution (sums to 1) from a tree's consistent leaf estimates
     (``consistent``: ``branching``-ary, padded leaves; the first ``cells`` are the domain):
-    top-down, each node's children keep their positive estimates rescaled to the node's value
-    (uniform when none is positive). Post-processing of the released tree."""
+    top-down, each node's children keep their estimates above ``cut`` rescaled to the node's
+    value (uniform when none is). Post-processing of the released tree. A cut of one noise
+    standard deviation keeps the noise of empty regions from becoming synthetic mass (on
+    bench_streams' workloads it roughly halves the 2-D error of a cut at 0)."""
     leaves = np.asarray(consistent, dtype=np.float64)
     sums = [leaves]
     while sums[-1].size > 1:
         sums.append(sums[-1].reshape(-1, branching).sum(axis=1))
     value = np.array([max(float(sums[-1][0]), 1.0)])
     for level in sums[-2::-1]:
-        children = np.maximum(level, 0.0).reshape(-1, branching)
+        children = np.where(level > cut, level, 0.0).reshape(-1, branching)
         total = children.sum(axis=1, keepdims=True)
         even = np.full_like(children, 1.0 / branching)
         shares = np.divide(children, total, out=even, where=total > 0)
@@ -368,7 +373,9 @@ class OnlinePMW:
         )
         cells = self._histogram.size
         consistent = tree.consistent()
-        return warm_prior(consistent, tree.branching, cells), float(consistent[:cells].sum())
+        cut = math.sqrt(2.0) * float(tree.scale)  # one standard deviation of a node's noise
+        prior = warm_prior(consistent, tree.branching, cells, cut)
+        return prior, float(consistent[:cells].sum())
 
     def _start(self) -> tuple[np.ndarray, int]:
         """The first log-weights of ``p̂`` and ``n̂``: uniform and a noisy count, or a warm start."""
