@@ -1,28 +1,33 @@
 """Query streams: one charge answers an unbounded stream of count queries over declared columns.
 
-A stream is opened over a table and one or more bounded integer columns, each cut into cells of a
-declared width (the domain is the product of the cells). Opening it charges its (ε, δ) once and
-reads a bounded histogram over the domain (every person contributes at most ``max_rows_per_unit``
-rows, chosen by a salted order, so the histogram's L1 sensitivity is ``max_rows_per_unit``).
-Later ``SELECT COUNT(*) FROM t WHERE ...`` queries whose WHERE uses only the stream's columns are
+A stream is opened over a table and one or more bounded integer, DATE, TIMESTAMP or DECIMAL
+columns, each cut into cells of a declared width in the column's own type (the domain is the
+product of the cells), and optionally a fixed filter (a WHERE condition on other columns).
+Opening it charges its (ε, δ) once and reads a bounded histogram over the domain of the rows the
+fixed filter keeps (every person contributes at most ``max_rows_per_unit`` rows, chosen by a
+salted order, so the histogram's L1 sensitivity is ``max_rows_per_unit``). Later ``SELECT
+COUNT(*) FROM t WHERE ...`` queries whose WHERE is exactly the fixed filter AND conditions on the
+stream's columns (compared as canonical conjuncts of the bound tree: ``split_where``) are
 answered from it and recorded in the ledger as zero-cost entries naming the stream:
 
-* ``pmw``: online private multiplicative weights (:mod:`dpsql.mechanisms.pmw`). Each query is
-  compared with the synthetic answer by the sparse vector; at most ``updates`` queries spend an
-  update (a fresh noisy count), then the stream is exhausted and says so. The state (synthetic
-  distribution, remaining updates, the SVT's noisy threshold, all secret or derived from released
-  values) lives in the ``streams`` table of the ledger file; each answer's state change is
-  committed, under an exclusive SQLite lock, before the answer is returned.
+* ``pmw``: online private multiplicative weights (:mod:`dpsql.mechanisms.pmw`), warm-started from
+  a noisy tree by default. Each query is compared with the synthetic answer by the sparse
+  vector; at most ``updates`` queries spend an update (a fresh noisy count), then the stream is
+  exhausted and says so. The state (synthetic distribution, remaining updates, the SVT's noisy
+  threshold, all secret or derived from released values) lives in the ``streams`` table of the
+  ledger file; each answer's state change is committed, under an exclusive SQLite lock, before
+  the answer is returned.
 * ``range_tree``: the hierarchical histogram (:mod:`dpsql.mechanisms.hierarchical`) over one
   column; every answer is post-processing of the stored noisy tree, with an exact interval.
 
-What DuckDB decides: the histogram (``GROUP BY`` cell, in the database), and which cells a WHERE
-selects: the WHERE (with its literals already bound by the database) is evaluated by DuckDB over
-the cells' values, never by a Python model of SQL. A cell wider than one value must be decided
-the same way for all its values: comparisons ``<, <=, >, >=`` and ``BETWEEN`` on a binned column
-are checked (by DuckDB) to agree at both ends of every cell, and ``=``, ``<>`` and ``IN`` on a
-binned column are refused. Rows whose value lies outside the declared bounds (or is NULL) are
-outside the domain: a stream's counts measure the rows inside it.
+What DuckDB decides: the bounds and widths (converted exactly, counted in ticks: ``KINDS``), the
+rows the fixed filter keeps and the histogram (``GROUP BY`` cell, in the database), and which
+cells a WHERE selects: the conditions on the stream's columns (with their literals already bound
+by the database) are evaluated by DuckDB over the cells' values, never by a Python model of SQL.
+A cell wider than one tick must be decided the same way for all its values: on a binned column
+only direct comparisons with values (``<, <=, >, >=``, ``BETWEEN``) are answered, each checked by
+DuckDB to agree at both ends of every cell. Rows whose value lies outside the declared bounds (or
+is NULL) are outside the domain: a stream's counts measure the rows inside it.
 """
 
 from __future__ import annotations
