@@ -8,15 +8,20 @@ Data: a DuckDB table of ``--rows`` persons (one row each) with two bounded integ
 then answers the same random workload at a total ε (``--epsilon``):
 
 * ``2-D``: ``--queries`` random rectangles ``x BETWEEN a AND b AND y BETWEEN c AND d``;
+* ``2-D IN``: ``--queries`` random ``x IN (10 random values) AND y BETWEEN c AND d`` (not
+  ranges of the flattened domain: up to 10 row intervals each, and a range_tree stream, which
+  covers one column, cannot answer them in the engine);
 * ``1-D``: ``--queries`` random ranges ``z BETWEEN a AND b``.
 
 Mechanisms (mean absolute error against the exact counts of the same run):
 
 * ``pmw``: :class:`dpsql.mechanisms.pmw.OnlinePMW`, with the engine's default parameters
-  (``updates = 50``, threshold = comparison noise scale × ln(queries), 10 replay sweeps), pure ε;
-  ``pmw project`` with the projection update; ``pmw δ, c=400`` with δ = 1e-6 and 400 updates
-  (advanced composition inside the sparse vector). A PMW stream that spends its updates stops:
-  its error is over the queries it answered, and the count answered is printed;
+  (``dpsql.engine.streams.stream_params``: a warm start with 80% of ε, ``updates = 50``,
+  threshold = comparison noise scale × ln(queries), 10 replay sweeps), pure ε; ``pmw cold``
+  without the warm start (uniform p̂: the earlier default), ``pmw cold project`` with the
+  projection update, ``pmw cold δ, c=400`` with δ = 1e-6 and 400 updates (advanced composition
+  inside the sparse vector). A PMW stream that spends its updates stops: its error is over the
+  queries it answered, and the count answered is printed;
 * ``range tree``: :func:`dpsql.mechanisms.hierarchical.release_hierarchical` over the (row-major
   flattened) domain; a rectangle is a union of row intervals;
 * ``laplace ε/k``: discrete Laplace per query at ε/queries (basic composition);
@@ -42,11 +47,15 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from dpsql.engine.streams import DEFAULT_REPLAYS, DEFAULT_UPDATES, StreamExhaustedError
+from dpsql.engine.streams import (
+    DEFAULT_UPDATES,
+    StreamColumn,
+    StreamExhaustedError,
+    stream_params,
+)
 from dpsql.mechanisms.hierarchical import release_hierarchical
 from dpsql.mechanisms.laplace import noise_scale, sample_discrete_laplace
 from dpsql.mechanisms.pmw import OnlinePMW
-from dpsql.mechanisms.svt import plan
 
 SIDE = 100
 WIDE = 10_000
@@ -89,10 +98,20 @@ def _workloads(queries: int, seed: int) -> dict[str, tuple[list[np.ndarray], lis
         cols = (index >= c) & (index <= d)
         masks.append(np.outer(rows, cols).ravel())
         sqls.append(f"SELECT COUNT(*) FROM t WHERE x BETWEEN {a} AND {b} AND y BETWEEN {c} AND {d}")
+    in_masks, in_sqls = [], []
+    for _ in range(queries):
+        values = np.sort(rng.choice(SIDE, 10, replace=False))
+        c, d = np.sort(rng.integers(0, SIDE, 2))
+        rows = np.isin(index, values)
+        cols = (index >= c) & (index <= d)
+        in_masks.append(np.outer(rows, cols).ravel())
+        listed = ", ".join(str(v) for v in values)
+        in_sqls.append(f"SELECT COUNT(*) FROM t WHERE x IN ({listed}) AND y BETWEEN {c} AND {d}")
     ranges = np.sort(rng.integers(0, WIDE, (queries, 2)), axis=1)
     wide = np.arange(WIDE)
     return {
         "2-D": (masks, sqls),
+        "2-D IN": (in_masks, in_sqls),
         "1-D": (
             [(wide >= a) & (wide <= b) for a, b in ranges],
             [f"SELECT COUNT(*) FROM t WHERE z BETWEEN {a} AND {b}" for a, b in ranges],
@@ -111,25 +130,39 @@ def _advanced_epsilon(total: float, steps: int, delta: float) -> float:
 
 
 PMW_VARIANTS = (
-    ("pmw", 0.0, DEFAULT_UPDATES, "mw", DEFAULT_REPLAYS),
-    ("pmw project", 0.0, DEFAULT_UPDATES, "project", 5),
-    ("pmw δ, c=400", DELTA, 400, "mw", DEFAULT_REPLAYS),
+    ("pmw", 0.0, DEFAULT_UPDATES, "mw", None),
+    ("pmw cold", 0.0, DEFAULT_UPDATES, "mw", 0.0),
+    ("pmw cold project", 0.0, DEFAULT_UPDATES, "project", 0.0),
+    ("pmw cold δ, c=400", DELTA, 400, "mw", 0.0),
 )
-"""(label, δ, updates, update rule, replays): the engine's default first."""
+"""(label, δ, updates, update rule, warm share (None: the engine's)): the engine's default
+first."""
 
 
-def _pmw(histogram, epsilon, delta, updates, update, replays, queries, rng) -> OnlinePMW:
-    share = 0.95 * (1 - 1 / 9)
-    comparisons = plan(epsilon=epsilon * share, c=updates, delta=delta / 2)
-    threshold = float(comparisons.query_scale) * math.log(queries)
+def _pmw(histogram, epsilon, delta, updates, update, warm, queries, rng) -> OnlinePMW:
+    domain = (StreamColumn("v", "BIGINT", 0, histogram.size - 1, 1),)
+    params = stream_params(
+        "pmw",
+        domain,
+        epsilon=epsilon,
+        delta=delta,
+        sensitivity=1,
+        updates=updates,
+        threshold=None,
+        expected_queries=queries,
+        warm_share=warm,
+    )
     return OnlinePMW(
         histogram,
         epsilon=epsilon,
         delta=delta,
         updates=updates,
-        threshold=threshold,
-        replays=replays,
+        threshold=params["threshold"],
+        replays=params["replays"] if update == "mw" else 5,
         update=update,
+        count_share=params["count_share"],
+        value_share=params["value_share"],
+        warm_share=params["warm_share"],
         rng=rng,
     )
 
@@ -153,8 +186,8 @@ def _run_workload(name, histogram, masks, sqls, connection, args, rng) -> None:
     results: dict[str, float] = {}
     timings: dict[str, float] = {}
 
-    for label, delta, updates, update, replays in PMW_VARIANTS:
-        pmw = _pmw(histogram, args.epsilon, delta, updates, update, replays, k, rng)
+    for label, delta, updates, update, warm in PMW_VARIANTS:
+        pmw = _pmw(histogram, args.epsilon, delta, updates, update, warm, k, rng)
         answers, seconds, answered = [], {True: [], False: []}, 0
         for mask in masks:
             if pmw.halted:
@@ -280,7 +313,7 @@ def main() -> None:
         workloads = _workloads(args.queries, args.seed + 1)
         rng = np.random.Generator(np.random.PCG64(args.seed + 2))
         print(f"{args.rows} rows; {args.queries} queries per workload; ε = {args.epsilon:g}")
-        for name, histogram in (("2-D", grid), ("1-D", wide)):
+        for name, histogram in (("2-D", grid), ("2-D IN", grid), ("1-D", wide)):
             masks, sqls = workloads[name]
             print(f"{name} workload ({histogram.size} cells):")
             _run_workload(name, histogram, masks, sqls, connection, args, rng)

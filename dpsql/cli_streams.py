@@ -16,17 +16,27 @@ from dpsql.engine.streams import DEFAULT_EXPECTED_QUERIES, STREAM_MECHANISMS
 __all__ = ["register", "stream"]
 
 
-def _column(text: str) -> tuple[str, int]:
-    """``name`` or ``name:width``."""
+def _column(text: str, bounds: dict[str, tuple[str, str]]) -> tuple[object, ...]:
+    """``NAME`` or ``NAME:WIDTH`` (an integer, or text: an interval, a decimal), with the
+    column's ``--bounds`` if given."""
     name, _, width = text.partition(":")
     if not name:
         raise click.BadParameter(f"a column is NAME or NAME:WIDTH, got {text!r}")
-    try:
-        return name, int(width) if width else 1
-    except ValueError:
-        raise click.BadParameter(
-            f"bin width of {name!r} must be an integer, got {width!r}"
-        ) from None
+    spec: tuple[object, ...] = (name, int(width) if width.strip().isdigit() else width or 1)
+    given = bounds.pop(name, None)
+    return spec + given if given else spec
+
+
+def _bounds(texts: tuple[str, ...]) -> dict[str, tuple[str, str]]:
+    """``NAME=LOW..HIGH`` (repeatable)."""
+    found: dict[str, tuple[str, str]] = {}
+    for text in texts:
+        name, _, rest = text.partition("=")
+        low, dots, high = rest.partition("..")
+        if not name or not dots or not low or not high:
+            raise click.BadParameter(f"bounds are NAME=LOW..HIGH, got {text!r}")
+        found[name] = (low, high)
+    return found
 
 
 @click.group()
@@ -43,7 +53,22 @@ def stream() -> None:
     "columns",
     multiple=True,
     required=True,
-    help="A bounded integer column of the domain, as NAME or NAME:BIN_WIDTH (repeatable).",
+    help="A column of the domain (integer, DATE, TIMESTAMP, DECIMAL), as NAME or NAME:BIN_WIDTH "
+    "(an integer; days for DATE; '1 hour' for TIMESTAMP; '0.50' for DECIMAL); repeatable.",
+)
+@click.option(
+    "--bounds",
+    "bounds",
+    multiple=True,
+    help="NAME=LOW..HIGH in the column's type (default: the policy's bounds); repeatable.",
+)
+@click.option(
+    "--filter",
+    "fixed",
+    default=None,
+    help="A fixed WHERE condition on other columns (e.g. \"country = 'DK'\"): the stream "
+    "counts those rows only and answers queries whose WHERE is exactly it AND conditions on "
+    "its columns.",
 )
 @click.option(
     "--mechanism",
@@ -63,6 +88,12 @@ def stream() -> None:
     show_default=True,
     help="pmw: sizes the default threshold.",
 )
+@click.option(
+    "--warm-share",
+    type=float,
+    default=None,
+    help="pmw: share of epsilon spent on the warm start (a noisy tree); default 0.8.",
+)
 @click.option("--name", default=None, help="Name of the stream (default: derived).")
 @click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table")
 def stream_open(
@@ -70,20 +101,29 @@ def stream_open(
     analyst: str,
     table: str,
     columns: tuple[str, ...],
+    bounds: tuple[str, ...],
+    fixed: str | None,
     mechanism: str,
     epsilon: float,
     delta: float,
     updates: int | None,
     threshold: float | None,
     expected_queries: int,
+    warm_share: float | None,
     name: str | None,
     output_format: str,
 ) -> None:
     """Open a stream over TABLE's columns, charging (epsilon, delta) once."""
+    declared = _bounds(bounds)
+    specs = [_column(c, declared) for c in columns]
+    if declared:
+        raise click.BadParameter(
+            f"--bounds for a column not given with --column: {sorted(declared)}"
+        )
     with connect(database, analyst=analyst) as session:
         opened = session.open_stream(
             table,
-            [_column(c) for c in columns],
+            specs,
             mechanism=mechanism,
             epsilon=epsilon,
             delta=delta,
@@ -91,6 +131,8 @@ def stream_open(
             threshold=threshold,
             expected_queries=expected_queries,
             name=name,
+            filter=fixed,
+            warm_share=warm_share,
         )
     if output_format == "json":
         click.echo(json.dumps(opened))
@@ -99,7 +141,8 @@ def stream_open(
     print_table(f"Stream {opened['name']}", ["field", "value"], rows)
     console.print(
         f"charged epsilon={opened['epsilon']:g} delta={opened['delta']:g} once; COUNT(*) "
-        f"queries whose WHERE uses only {opened['key_column']} are now answered from it"
+        f"queries whose WHERE is {' AND '.join([*opened['filters'], '']) or ''}conditions on "
+        f"{opened['key_column']} only are now answered from it"
     )
 
 

@@ -77,8 +77,11 @@ class Binder:
         self.catalog = catalog
         self._binary: dict[tuple[str, str], bool] = {}
 
-    def _run(self, sql: str) -> pd.DataFrame:
+    def run(self, sql: str) -> pd.DataFrame:
         """Run ``sql`` (DuckDB's dialect) on the backend, transpiled to its dialect."""
+        return self._run(sql)
+
+    def _run(self, sql: str) -> pd.DataFrame:
         dialect = getattr(self.backend, "dialect", "duckdb")
         if dialect != "duckdb":
             sql = sqlglot.transpile(sql, read="duckdb", write=dialect)[0]

@@ -504,7 +504,7 @@ class Session:
     def open_stream(
         self,
         table: str,
-        columns: Sequence[tuple[str, int]],
+        columns: Sequence[tuple[Any, ...]],
         *,
         epsilon: float,
         mechanism: str = "pmw",
@@ -513,10 +513,15 @@ class Session:
         threshold: float | None = None,
         expected_queries: int = DEFAULT_EXPECTED_QUERIES,
         name: str | None = None,
+        filter: str | None = None,
+        warm_share: float | None = None,
     ) -> dict[str, Any]:
-        """Open a query stream over ``table``'s bounded integer ``columns`` (``(name, bin
-        width)`` pairs), charging ``(epsilon, delta)`` once; later COUNT queries whose WHERE
-        uses only those columns are answered from it (``dpsql.engine.streams``)."""
+        """Open a query stream over ``table``'s ``columns`` (``(name, bin width)`` or ``(name,
+        bin width, low, high)``: integer, DATE, TIMESTAMP or DECIMAL columns), charging
+        ``(epsilon, delta)`` once; later COUNT queries whose WHERE is ``filter`` (a fixed WHERE
+        condition on other columns; none: the whole table) AND conditions on those columns are
+        answered from it (``dpsql.engine.streams``). ``warm_share`` (pmw; default 0.8) is the
+        share of epsilon that buys the PMW's warm start."""
         plan = self._streams.plan(
             table,
             list(columns),
@@ -527,6 +532,8 @@ class Session:
             threshold=threshold,
             expected_queries=expected_queries,
             name=name,
+            filter=filter,
+            warm_share=warm_share,
         )
         entry = self._streams.charge(plan)
         return _after_charge(lambda: self._streams.build(plan, entry))  # type: ignore[arg-type,return-value]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -21,7 +21,9 @@ from dpsql.accountant.units import check_budget_value
 from dpsql.engine.results import QueryResult
 from dpsql.engine.streams import (
     DEFAULT_EXPECTED_QUERIES,
+    KINDS,
     STREAM_MECHANISMS,
+    ColumnSpec,
     Stream,
     StreamColumn,
     StreamExhaustedError,
@@ -29,10 +31,13 @@ from dpsql.engine.streams import (
     alignment_sql,
     answerable,
     cells_selected_sql,
+    conjuncts,
     dense_histogram,
+    fixed_filter,
     histogram_sql,
     now,
     open_event,
+    split_where,
     stream_columns,
     stream_params,
 )
@@ -44,7 +49,7 @@ from dpsql.errors import (
 )
 from dpsql.mechanisms.hierarchical import HierarchicalHistogram, release_hierarchical
 from dpsql.mechanisms.pmw import OnlinePMW, PMWState
-from dpsql.sql.shape import QueryShape
+from dpsql.sql.shape import ColumnKind, QueryShape
 
 if TYPE_CHECKING:
     from dpsql.accountant.ledger import LedgerEntry
@@ -68,9 +73,14 @@ class StreamPlan:
     name: str | None
 
     @property
+    def fixed(self) -> tuple[str, ...]:
+        return tuple(self.params.get("filter", ()))
+
+    @property
     def query(self) -> str:
-        shown = ", ".join(f"{c.name}[{c.low}..{c.high}/{c.width}]" for c in self.columns)
-        return f"STREAM OPEN {self.mechanism} ON {self.table}({shown})"
+        shown = ", ".join(c.shown() for c in self.columns)
+        where = f" WHERE {' AND '.join(self.fixed)}" if self.fixed else ""
+        return f"STREAM OPEN {self.mechanism} ON {self.table}({shown}){where}"
 
 
 class StreamDesk:
@@ -90,7 +100,7 @@ class StreamDesk:
     def plan(
         self,
         table: str,
-        columns: list[tuple[str, int]],
+        columns: list[ColumnSpec],
         *,
         mechanism: str,
         epsilon: float,
@@ -99,8 +109,13 @@ class StreamDesk:
         threshold: float | None,
         expected_queries: int,
         name: str | None,
+        filter: str | None = None,
+        fixed: tuple[str, ...] | None = None,
+        warm_share: float | None = None,
     ) -> StreamPlan:
-        """Check and price a stream from the policy alone (reads no data)."""
+        """Check and price a stream from the policy alone (reads no data). Its fixed filter is
+        ``filter`` (the text of a WHERE condition, bound like a query's) or ``fixed`` (already
+        canonical conjuncts, from a query's WHERE)."""
         session = self._session
         session.policy = session._load_policy()
         catalog = session._visible_catalog()
@@ -113,7 +128,11 @@ class StreamDesk:
             for column in catalog[found]
             if policy.column(column).bounds is not None
         }
-        chosen = stream_columns(columns, catalog[found], declared)
+        chosen = stream_columns(
+            columns, catalog[found], declared, session._binder, policy.privacy_unit
+        )
+        if filter is not None:
+            fixed = self._fixed_filter(found, filter, chosen)
         epsilon = check_budget_value("epsilon", epsilon, allow_zero=False)
         delta = check_budget_value("delta", delta, allow_zero=True)
         params = stream_params(
@@ -125,7 +144,10 @@ class StreamDesk:
             updates=updates,
             threshold=threshold,
             expected_queries=expected_queries,
+            warm_share=warm_share,
         )
+        if fixed:
+            params["filter"] = list(fixed)
         params["salt"] = int(session.rng.integers(0, 2**62))
         if name is not None and (not name.isidentifier() or len(name) > 64):
             raise ParameterError(f"a stream name is an identifier of <= 64 characters: {name!r}")
@@ -159,13 +181,24 @@ class StreamDesk:
             )
         if delta is None:
             delta = options.get("delta", dataset.default_query_delta)
-        columns = sorted({c.name for c in shape.where.find_all(exp.Column)} if shape.where else [])
+        streamable = self._streamable(shape.table)
+        streamed = {
+            c.name
+            for conjunct in conjuncts(shape.where)
+            if all(c.name in streamable for c in conjunct.find_all(exp.Column))
+            for c in conjunct.find_all(exp.Column)
+        }
+        columns = sorted(streamed)
         placeholders = tuple(StreamColumn(c, "", 0, 1, 1) for c in columns)
-        probe = Stream("", "", shape.table, placeholders, mechanism, 0, 0, 0, {}, b"", "{}", 0)
+        _, fixed = split_where(shape.where, set(columns))
+        probe = Stream(
+            "", "", shape.table, placeholders, mechanism, 0, 0, 0, {"filter": fixed}, b"", "{}", 0
+        )
         if not columns or not answerable(shape, probe):
             raise UnsupportedQueryError(
                 f"mechanism {mechanism!r} opens a stream from an ungrouped SELECT COUNT(*) with a "
-                "WHERE on the columns to stream; use `dpsql stream open` for other shapes"
+                "WHERE on columns with declared bounds (integer or DECIMAL; the other conditions, "
+                "ANDed, become its fixed filter); use `dpsql stream open` for other shapes"
             )
         return self.plan(
             shape.table,
@@ -177,7 +210,48 @@ class StreamDesk:
             threshold=None,
             expected_queries=DEFAULT_EXPECTED_QUERIES,
             name=None,
+            fixed=fixed,
         )
+
+    def _streamable(self, table: str) -> set[str]:
+        """Columns a query may open a width-1 stream over: bounds in the policy, a stream kind,
+        not the privacy unit."""
+        policy = self._session.policy.table(table)
+        types = self._session._visible_catalog().get(table, {})
+        if policy is None:
+            return set()
+        return {
+            name
+            for name, type_name in types.items()
+            if policy.column(name).bounds is not None
+            and ColumnKind.of(type_name) in KINDS
+            and name.lower() != policy.privacy_unit.lower()
+        }
+
+    def _fixed_filter(
+        self, table: str, text: str, columns: tuple[StreamColumn, ...]
+    ) -> tuple[str, ...]:
+        """A fixed filter given as the text of a WHERE condition, bound by the database exactly
+        as a query's WHERE is (literals converted, collations and unit filters checked)."""
+        if not isinstance(text, str) or not text.strip():
+            raise ParameterError("a stream's filter is the text of a WHERE condition")
+        source = exp.to_identifier(table, quoted=True).sql(dialect="duckdb")
+        dialect, self._session.dialect = self._session.dialect, "duckdb"
+        try:
+            bound, _ = self._session._shape(f"SELECT COUNT(*) FROM {source} WHERE {text}")
+        finally:
+            self._session.dialect = dialect
+        shape = bound.shape
+        probe = Stream("", "", table, columns, "", 0, 0, 0, {}, b"", "{}", 0)
+        stream_part, fixed = split_where(shape.where, {c.name for c in columns})
+        if shape.post is not None or shape.options or stream_part is not None or not fixed:
+            raise ParameterError(
+                f"a stream's filter is one WHERE condition on other columns than the stream's "
+                f"({', '.join(c.name for c in columns)}), got {text!r}"
+            )
+        if not answerable(shape, replace(probe, params={"filter": fixed})):
+            raise ParameterError(f"a stream's filter is one WHERE condition, got {text!r}")
+        return fixed
 
     def explain_opening(self, plan: StreamPlan, normalized: str) -> dict[str, Any]:
         return {
@@ -209,7 +283,12 @@ class StreamDesk:
     def build(self, plan: StreamPlan, entry: LedgerEntry) -> dict[str, Any]:
         """Read the bounded histogram and release the structure (after the charge)."""
         histogram = self._read_histogram(
-            plan.table, plan.unit, plan.max_rows_per_unit, plan.columns, plan.params["salt"]
+            plan.table,
+            plan.unit,
+            plan.max_rows_per_unit,
+            plan.columns,
+            plan.params["salt"],
+            plan.fixed,
         )
         params = plan.params
         rng = self._session.rng
@@ -247,10 +326,16 @@ class StreamDesk:
         return self._describe(stream)
 
     def _read_histogram(
-        self, table: str, unit: str, rows: int, columns: tuple[Any, ...], salt: int
+        self,
+        table: str,
+        unit: str,
+        rows: int,
+        columns: tuple[Any, ...],
+        salt: int,
+        fixed: tuple[str, ...],
     ) -> np.ndarray:
         cells = int(np.prod([c.cells for c in columns]))
-        sql = histogram_sql(table, unit, rows, columns, salt)
+        sql = histogram_sql(table, unit, rows, columns, salt, fixed)
         return dense_histogram(self._session._read(sql, "reading the stream's histogram"), cells)
 
     def _new_pmw(
@@ -270,6 +355,7 @@ class StreamDesk:
             sensitivity=params["sensitivity"],
             count_share=params["count_share"],
             value_share=params["value_share"],
+            warm_share=params.get("warm_share", 0.0),
             replays=params["replays"],
             rng=self._session.rng,
             state=state,
@@ -319,17 +405,18 @@ class StreamDesk:
 
     def _selected(self, shape: QueryShape, stream: Stream) -> np.ndarray:
         """The cells the WHERE selects, decided by DuckDB over the cells' values (no data)."""
-        if shape.where is None:
+        where, _ = split_where(shape.where, {c.name for c in stream.columns})
+        if where is None:
             return np.ones(stream.cells, dtype=bool)
         for column in stream.columns:
-            check = alignment_sql(shape.where, column)
+            check = alignment_sql(where, column)
             if check is not None and not bool(self._session.backend.run(check).iloc[0, 0]):
                 raise UnsupportedQueryError(
                     f"the WHERE splits a cell of {column.name!r} (cells of width {column.width} "
                     f"from {column.low}); use bounds on cell edges to be answered by stream "
                     f"{stream.name!r}, or mechanism='laplace'"
                 )
-        frame = self._session.backend.run(cells_selected_sql(shape.where, stream.columns))
+        frame = self._session.backend.run(cells_selected_sql(where, stream.columns))
         selected = np.zeros(stream.cells, dtype=bool)
         selected[frame["cell"].to_numpy(dtype=np.int64)] = True
         return selected
@@ -370,8 +457,9 @@ class StreamDesk:
             confidence=confidence,
             details=details,
             measures={
-                name: f"rows inside stream {stream.name!r}'s domain, at most "
-                f"{stream.params['sensitivity']} per person"
+                name: f"rows inside stream {stream.name!r}'s domain"
+                + (f" where {' AND '.join(fixed_filter(stream))}" if fixed_filter(stream) else "")
+                + f", at most {stream.params['sensitivity']} per person"
             },
             epsilon=0.0,
             delta=0.0,
@@ -393,6 +481,7 @@ class StreamDesk:
                     int(stream.params["sensitivity"]),
                     stream.columns,
                     stream.params["salt"],
+                    fixed_filter(stream),
                 )
                 self._histograms[stream.name] = histogram
             state = PMWState.from_parts(stream.state, stream.data)
@@ -462,7 +551,9 @@ def describe_stream(stream: Stream) -> dict[str, Any]:
     """A stream's public description, in the columns ``dpsql synopses`` prints."""
     described = stream.describe(_updates_left(stream) if stream.mechanism == "pmw" else None)
     described.update(
-        key_column=", ".join(c.name for c in stream.columns), filters=[], bytes=len(stream.data)
+        key_column=", ".join(c.name for c in stream.columns),
+        filters=list(fixed_filter(stream)),
+        bytes=len(stream.data),
     )
     return described
 

@@ -1,28 +1,33 @@
 """Query streams: one charge answers an unbounded stream of count queries over declared columns.
 
-A stream is opened over a table and one or more bounded integer columns, each cut into cells of a
-declared width (the domain is the product of the cells). Opening it charges its (ε, δ) once and
-reads a bounded histogram over the domain (every person contributes at most ``max_rows_per_unit``
-rows, chosen by a salted order, so the histogram's L1 sensitivity is ``max_rows_per_unit``).
-Later ``SELECT COUNT(*) FROM t WHERE ...`` queries whose WHERE uses only the stream's columns are
+A stream is opened over a table and one or more bounded integer, DATE, TIMESTAMP or DECIMAL
+columns, each cut into cells of a declared width in the column's own type (the domain is the
+product of the cells), and optionally a fixed filter (a WHERE condition on other columns).
+Opening it charges its (ε, δ) once and reads a bounded histogram over the domain of the rows the
+fixed filter keeps (every person contributes at most ``max_rows_per_unit`` rows, chosen by a
+salted order, so the histogram's L1 sensitivity is ``max_rows_per_unit``). Later ``SELECT
+COUNT(*) FROM t WHERE ...`` queries whose WHERE is exactly the fixed filter AND conditions on the
+stream's columns (compared as canonical conjuncts of the bound tree: ``split_where``) are
 answered from it and recorded in the ledger as zero-cost entries naming the stream:
 
-* ``pmw``: online private multiplicative weights (:mod:`dpsql.mechanisms.pmw`). Each query is
-  compared with the synthetic answer by the sparse vector; at most ``updates`` queries spend an
-  update (a fresh noisy count), then the stream is exhausted and says so. The state (synthetic
-  distribution, remaining updates, the SVT's noisy threshold, all secret or derived from released
-  values) lives in the ``streams`` table of the ledger file; each answer's state change is
-  committed, under an exclusive SQLite lock, before the answer is returned.
+* ``pmw``: online private multiplicative weights (:mod:`dpsql.mechanisms.pmw`), warm-started from
+  a noisy tree by default. Each query is compared with the synthetic answer by the sparse
+  vector; at most ``updates`` queries spend an update (a fresh noisy count), then the stream is
+  exhausted and says so. The state (synthetic distribution, remaining updates, the SVT's noisy
+  threshold, all secret or derived from released values) lives in the ``streams`` table of the
+  ledger file; each answer's state change is committed, under an exclusive SQLite lock, before
+  the answer is returned.
 * ``range_tree``: the hierarchical histogram (:mod:`dpsql.mechanisms.hierarchical`) over one
   column; every answer is post-processing of the stored noisy tree, with an exact interval.
 
-What DuckDB decides: the histogram (``GROUP BY`` cell, in the database), and which cells a WHERE
-selects: the WHERE (with its literals already bound by the database) is evaluated by DuckDB over
-the cells' values, never by a Python model of SQL. A cell wider than one value must be decided
-the same way for all its values: comparisons ``<, <=, >, >=`` and ``BETWEEN`` on a binned column
-are checked (by DuckDB) to agree at both ends of every cell, and ``=``, ``<>`` and ``IN`` on a
-binned column are refused. Rows whose value lies outside the declared bounds (or is NULL) are
-outside the domain: a stream's counts measure the rows inside it.
+What DuckDB decides: the bounds and widths (converted exactly, counted in ticks: ``KINDS``), the
+rows the fixed filter keeps and the histogram (``GROUP BY`` cell, in the database), and which
+cells a WHERE selects: the conditions on the stream's columns (with their literals already bound
+by the database) are evaluated by DuckDB over the cells' values, never by a Python model of SQL.
+A cell wider than one tick must be decided the same way for all its values: on a binned column
+only direct comparisons with values (``<, <=, >, >=``, ``BETWEEN``) are answered, each checked by
+DuckDB to agree at both ends of every cell. Rows whose value lies outside the declared bounds (or
+is NULL) are outside the domain: a stream's counts measure the rows inside it.
 """
 
 from __future__ import annotations
@@ -31,12 +36,13 @@ import datetime as dt
 import json
 import math
 import sqlite3
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
+import pandas as pd
 from sqlglot import exp
 
 from dpsql.accountant.events import MechanismEvent
@@ -55,6 +61,7 @@ __all__ = [
     "cells_selected_sql",
     "histogram_sql",
     "open_event",
+    "split_where",
     "stream_columns",
 ]
 
@@ -66,6 +73,8 @@ MAX_PMW_CELLS = 2**16
 MAX_UPDATES = 1000
 
 DEFAULT_UPDATES = 50
+DEFAULT_WARM_SHARE = 0.8
+"""Share of a PMW stream's ε spent on its warm start (``dpsql.mechanisms.pmw``)."""
 DEFAULT_REPLAYS = 10
 DEFAULT_EXPECTED_QUERIES = 1000
 
@@ -91,28 +100,70 @@ class StreamExhaustedError(PrivacyError):
     """A PMW stream spent its updates; it answers no further query."""
 
 
+KINDS = {
+    ColumnKind.INTEGER: "integer",
+    ColumnKind.DATE: "date",
+    ColumnKind.TIMESTAMP: "timestamp",
+    ColumnKind.DECIMAL: "decimal",
+}
+"""The column kinds a stream takes; each counts its values in integer *ticks*: an integer is
+itself, a DATE the days since 1970-01-01, a TIMESTAMP the microseconds since then (DuckDB's
+``epoch_us``), a DECIMAL(p, s) its value times 10^s. Every tick is a value of the type, so a cell
+(a run of ``width`` ticks) is exactly the set of values whose ticks it holds."""
+_TIMESTAMP_TYPES = {"TIMESTAMP", "DATETIME", "TIMESTAMP WITHOUT TIME ZONE"}
+_MAX_DECIMAL_PRECISION = 18
+
+
 @dataclass(frozen=True)
 class StreamColumn:
-    """A declared domain column: integer values ``low..high`` cut into cells of ``width``."""
+    """A declared domain column: the values with ticks ``low..high`` cut into cells of ``width``
+    ticks (``kind`` says what a tick is, see ``KINDS``; ``bounds`` are the bounds as DuckDB
+    spells them in the column's type, for the kinds that are not integers)."""
 
     name: str
     type: str
     low: int
     high: int
     width: int
+    kind: str = "integer"
+    scale: int = 0
+    bounds: tuple[str, str] | None = None
 
     @property
     def cells(self) -> int:
         return (self.high - self.low) // self.width + 1
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        described: dict[str, Any] = {
             "name": self.name,
             "type": self.type,
             "low": self.low,
             "high": self.high,
             "width": self.width,
         }
+        if self.kind != "integer":
+            described.update(kind=self.kind, scale=self.scale, bounds=list(self.bounds or ()))
+        return described
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StreamColumn:
+        bounds = data.get("bounds")
+        return cls(**{**data, "bounds": tuple(bounds) if bounds else None})
+
+    @property
+    def unit(self) -> str:
+        """What one tick is, in words."""
+        return {
+            "integer": "1",
+            "date": "1 day",
+            "timestamp": "1 microsecond",
+            "decimal": f"1e-{self.scale}",
+        }[self.kind]
+
+    def shown(self) -> str:
+        low, high = self.bounds or (str(self.low), str(self.high))
+        width = self.width if self.kind == "integer" else f"{self.width}x{self.unit}"
+        return f"{self.name}[{low}..{high}/{width}]"
 
 
 @dataclass(frozen=True)
@@ -178,7 +229,7 @@ def _row(row: tuple[Any, ...]) -> Stream:
         name,
         created,
         table,
-        tuple(StreamColumn(**c) for c in json.loads(columns)),
+        tuple(StreamColumn.from_dict(c) for c in json.loads(columns)),
         mechanism,
         epsilon,
         delta,
@@ -272,38 +323,170 @@ def now() -> str:
 # --- declaring a stream ---------------------------------------------------------------------------
 
 
+ColumnSpec = tuple[Any, ...]
+"""``(name, width)`` or ``(name, width, low, high)``: the bin width and (optionally, else the
+policy's ``bounds``) the domain's bounds, in the column's own type: a DATE's width in days, a
+TIMESTAMP's as a fixed-length interval (``'1 hour'``, no months), a DECIMAL's as a decimal
+(``'0.5'``); bounds as values of the type (``'2024-01-01'``, ``'12.50'``, ``30``)."""
+
+
+class Converter(Protocol):
+    """What declaring a stream needs from the backend: exact literal conversion
+    (``dpsql.engine.literals.Binder``) and DuckDB SQL to run."""
+
+    def convert(self, literals: Sequence[exp.Cast], what: str) -> list[exp.Cast]: ...
+
+    def run(self, sql: str) -> Any: ...
+
+
+def _kind(name: str, type_name: str) -> tuple[str, int]:
+    """The stream kind and decimal scale of a column type, or a refusal naming it."""
+    kind = KINDS.get(ColumnKind.of(type_name))
+    problem = (
+        f"stream column {name!r} has type {type_name}; streams take integer, DATE, TIMESTAMP "
+        f"and DECIMAL (precision <= {_MAX_DECIMAL_PRECISION}) columns"
+    )
+    if kind is None:
+        raise ParameterError(problem)
+    if kind == "timestamp" and type_name.upper() not in _TIMESTAMP_TYPES:
+        raise ParameterError(problem)  # with a time zone, or not in microseconds
+    scale = 0
+    if kind == "decimal":
+        built = exp.DataType.build(type_name, dialect="duckdb")
+        sizes = [int(e.this.this) for e in built.expressions]
+        precision, scale = [*sizes, 18, 3][:2] if len(sizes) != 1 else (sizes[0], 0)
+        if precision > _MAX_DECIMAL_PRECISION:
+            raise ParameterError(problem)
+    return kind, scale
+
+
+def ticks_sql(column: StreamColumn, value: str) -> str:
+    """The ticks of a value of ``column`` (SQL, exact; see ``KINDS``)."""
+    if column.kind == "date":
+        return f"({value} - DATE '1970-01-01')"
+    if column.kind == "timestamp":
+        return f"epoch_us({value})"
+    if column.kind == "decimal":
+        return f"CAST(CAST({value} AS DECIMAL(38, {column.scale})) * {10**column.scale} AS HUGEINT)"
+    return f"CAST({value} AS HUGEINT)"
+
+
+def value_sql(column: StreamColumn, ticks: str) -> str:
+    """The value of ``column``'s type with ``ticks`` (SQL, exact)."""
+    if column.kind == "date":
+        return f"CAST(DATE '1970-01-01' + CAST({ticks} AS INTEGER) AS DATE)"
+    if column.kind == "timestamp":
+        return f"make_timestamp(CAST({ticks} AS BIGINT))"
+    if column.kind == "decimal":
+        one = f"0.{'0' * (column.scale - 1)}1" if column.scale else "1"
+        unit = f"CAST('{one}' AS DECIMAL(18, {column.scale}))"
+        return f"CAST(CAST({ticks} AS DECIMAL(18, 0)) * {unit} AS {column.type})"
+    return f"CAST({ticks} AS {column.type})"
+
+
+def _literal(value: Any, type_name: str) -> exp.Cast:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ParameterError(f"a stream bound or width is a number or text, got {value!r}")
+    text = value if isinstance(value, str) else repr(value)
+    target = exp.DataType.build(type_name, dialect="duckdb")
+    return exp.Cast(this=exp.Literal.string(text), to=target)
+
+
+def _resolved(
+    name: str, type_name: str, width: Any, low: Any, high: Any, converter: Converter
+) -> StreamColumn:
+    """The column's bounds and width in ticks, converted and counted by the database."""
+    kind, scale = _kind(name, type_name)
+    if kind in ("integer", "date") and (
+        isinstance(width, bool) or not isinstance(width, int) or width < 1
+    ):
+        unit = " (days)" if kind == "date" else ""
+        raise ParameterError(
+            f"bin width of {name!r} must be a positive integer{unit}, got {width!r}"
+        )
+    if kind == "integer":
+        try:
+            exact = [not isinstance(b, bool) and float(b).is_integer() for b in (low, high)]
+        except (TypeError, ValueError):
+            exact = [False]
+        if not all(exact):
+            raise ParameterError(
+                f"stream column {name!r} needs integer bounds, got {low!r}, {high!r}"
+            )
+        low, high = int(float(low)), int(float(high))
+    bounds = converter.convert(
+        [_literal(low, type_name), _literal(high, type_name)], f"bound of stream column {name!r}"
+    )
+    draft = StreamColumn(name, type_name, 0, 0, 1, kind, scale)
+    ends = ", ".join(ticks_sql(draft, b.sql(dialect="duckdb")) for b in bounds)
+    if kind == "timestamp":
+        interval = _literal(width, "INTERVAL").sql(dialect="duckdb")
+        step = (
+            f"CASE WHEN datepart('year', {interval}) = 0 AND datepart('month', {interval}) = 0 "
+            f"THEN epoch_us({interval}) END"
+        )
+    elif kind == "decimal":
+        (converted,) = converter.convert(
+            [_literal(width, type_name)], f"bin width of stream column {name!r}"
+        )
+        step = ticks_sql(draft, converted.sql(dialect="duckdb"))
+    else:
+        step = str(int(width))
+    try:
+        row = converter.run(f"SELECT {ends}, TRY_CAST({step} AS BIGINT)").iloc[0]
+    except Exception as error:  # the bounds and width are the caller's literals, not data
+        raise ParameterError(f"stream column {name!r}: bad bounds or width ({error})") from None
+    low_ticks, high_ticks, ticks = (None if pd.isna(v) else int(v) for v in row)
+    if ticks is None or ticks < 1:
+        raise ParameterError(
+            f"bin width of {name!r} must be positive (a TIMESTAMP's a fixed-length interval such "
+            f"as '1 hour', without months or years), got {width!r}"
+        )
+    if low_ticks is None or high_ticks is None or low_ticks > high_ticks:
+        raise ParameterError(f"stream column {name!r} needs finite bounds low <= high")
+    shown = None if kind == "integer" else (bounds[0].this.this, bounds[1].this.this)
+    return StreamColumn(name, type_name, low_ticks, high_ticks, ticks, kind, scale, shown)
+
+
 def stream_columns(
-    specs: list[tuple[str, int]], columns: dict[str, str], bounds: dict[str, Any]
+    specs: Sequence[ColumnSpec],
+    columns: dict[str, str],
+    bounds: dict[str, Any],
+    converter: Converter,
+    unit: str | None = None,
 ) -> tuple[StreamColumn, ...]:
-    """Validated domain columns from ``(name, width)`` pairs, the table's column types and the
-    policy's declared bounds (which must be integers: the domain is public)."""
+    """Validated domain columns from ``ColumnSpec``s, the table's column types and the policy's
+    declared bounds (used when a spec gives none): the domain is public, chosen before any data
+    is read. ``unit`` (the privacy unit column) cannot be a stream column."""
     if not specs:
         raise ParameterError("a stream needs at least one column")
     by_lower = {name.lower(): name for name in columns}
     chosen: list[StreamColumn] = []
-    for given, width in specs:
-        name = by_lower.get(given.lower())
+    for spec in specs:
+        if not isinstance(spec, list | tuple) or len(spec) not in (2, 4):
+            raise ParameterError(
+                f"a stream column is (name, width) or (name, width, low, high), got {spec!r}"
+            )
+        given, width = spec[0], spec[1]
+        name = by_lower.get(str(given).lower())
         if name is None:
             raise ParameterError(f"unknown column {given!r}")
         if any(c.name == name for c in chosen):
             raise ParameterError(f"column {name!r} is given twice")
-        type_name = columns[name]
-        if ColumnKind.of(type_name) is not ColumnKind.INTEGER:
+        if unit is not None and name.lower() == unit.lower():
+            raise ParameterError(f"{name!r} is the privacy unit; it cannot be a stream column")
+        _kind(name, columns[name])
+        if len(spec) == 4:
+            low, high = spec[2], spec[3]
+        elif (declared := bounds.get(name)) is not None:
+            low, high = declared
+        else:
             raise ParameterError(
-                f"stream column {name!r} has type {type_name}; streams take integer columns"
+                f"stream column {name!r} needs bounds: give them with the column (name, width, "
+                f"low, high) or in the policy (tables.T.columns.{name}.bounds = [low, high]): "
+                "the domain is public"
             )
-        declared = bounds.get(name)
-        if declared is None:
-            raise ParameterError(
-                f"stream column {name!r} needs bounds in the policy "
-                f"(tables.T.columns.{name}.bounds = [low, high]): the domain is public"
-            )
-        low, high = declared
-        if not (float(low).is_integer() and float(high).is_integer()):
-            raise ParameterError(f"stream column {name!r} needs integer bounds, got {declared}")
-        if isinstance(width, bool) or not isinstance(width, int) or width < 1:
-            raise ParameterError(f"bin width of {name!r} must be a positive integer, got {width!r}")
-        chosen.append(StreamColumn(name, type_name, int(low), int(high), width))
+        chosen.append(_resolved(name, columns[name], width, low, high, converter))
     cells = math.prod(c.cells for c in chosen)
     if cells < 2 or cells > MAX_CELLS:
         raise ParameterError(f"a stream's domain must have 2 to {MAX_CELLS} cells, got {cells}")
@@ -320,6 +503,7 @@ def stream_params(
     updates: int | None,
     threshold: float | None,
     expected_queries: int,
+    warm_share: float | None = None,
 ) -> dict[str, Any]:
     """The public parameters of a stream, all fixed before any data is read."""
     if mechanism not in STREAM_MECHANISMS:
@@ -329,8 +513,10 @@ def stream_params(
     if mechanism == "range_tree":
         if len(columns) != 1:
             raise ParameterError("a range_tree stream covers exactly one column")
-        if updates is not None or threshold is not None:
-            raise ParameterError("updates and threshold are parameters of 'pmw' streams")
+        if updates is not None or threshold is not None or warm_share is not None:
+            raise ParameterError(
+                "updates, threshold and warm_share are parameters of 'pmw' streams"
+            )
         if delta:
             raise ParameterError("a range_tree stream is pure DP: give delta = 0")
         return {"branching": choose_branching(columns[0].cells), "sensitivity": sensitivity}
@@ -344,10 +530,16 @@ def stream_params(
     limit = MAX_UPDATES
     if isinstance(updates, bool) or not isinstance(updates, int) or not 1 <= updates <= limit:
         raise ParameterError(f"updates must be an integer in [1, {limit}], got {updates!r}")
+    warm_share = DEFAULT_WARM_SHARE if warm_share is None else warm_share
+    if isinstance(warm_share, bool) or not isinstance(warm_share, int | float):
+        raise ParameterError(f"warm_share must be a number in [0, 1), got {warm_share!r}")
+    if not 0.0 <= warm_share < 1.0:
+        raise ParameterError(f"warm_share must be a number in [0, 1), got {warm_share!r}")
     if threshold is None:
         # The comparisons' noise scale times ln(expected queries): about one query in the
-        # expected stream passes by noise alone (public parameters only).
-        share = 0.95 * (1 - 1 / 9)
+        # expected stream passes by noise alone (public parameters only). A warm start takes
+        # its share and the row count (no count share); otherwise 5% go to the row count.
+        share = (1 - warm_share if warm_share else 0.95) * (1 - 1 / 9)
         comparisons = svt_plan(
             epsilon=epsilon * share, c=updates, delta=delta / 2, sensitivity=sensitivity
         )
@@ -361,6 +553,7 @@ def stream_params(
         "replays": DEFAULT_REPLAYS,
         "count_share": 0.05,
         "value_share": 1 / 9,
+        "warm_share": float(warm_share),
     }
 
 
@@ -369,6 +562,8 @@ def open_event(
 ) -> MechanismEvent:
     """The ledger event of opening a stream (its whole cost)."""
     label = f"stream over {', '.join(c.name for c in columns)}"
+    if params.get("filter"):
+        label += f" where {' AND '.join(params['filter'])}"
     shown = {k: v for k, v in params.items() if isinstance(v, int | float | str)}
     return MechanismEvent(mechanism, epsilon, delta, label, tuple(shown.items()))
 
@@ -381,8 +576,8 @@ def _ident(name: str) -> str:
 
 
 def _cell_index(column: StreamColumn) -> str:
-    value = _ident(column.name)
-    return f"(({value} - {column.low}) // {column.width})"
+    ticks = ticks_sql(column, _ident(column.name))
+    return f"(({ticks} - {column.low}) // {column.width})"
 
 
 def histogram_sql(
@@ -391,17 +586,23 @@ def histogram_sql(
     max_rows_per_unit: int,
     columns: tuple[StreamColumn, ...],
     salt: int,
+    fixed: tuple[str, ...] = (),
 ) -> str:
-    """Cell index (row-major) and bounded count of every non-empty cell: each unit keeps at most
+    """Cell index (row-major) and bounded count of every non-empty cell of the rows that satisfy
+    the fixed filter (``fixed``: its conjuncts, DuckDB SQL): each unit keeps at most
     ``max_rows_per_unit`` of its in-domain rows, chosen by a salted hash of their cells."""
-    inside = " AND ".join(f"{_ident(c.name)} BETWEEN {c.low} AND {c.high}" for c in columns)
+    inside = [
+        f"{_ident(c.name)} BETWEEN {value_sql(c, str(c.low))} AND {value_sql(c, str(c.high))}"
+        for c in columns
+    ]
+    inside += [f"({conjunct})" for conjunct in fixed]
     index = _cell_index(columns[0])
     for column in columns[1:]:
         index = f"({index} * {column.cells} + {_cell_index(column)})"
     return (
         f"SELECT cell, COUNT(*) AS n FROM (SELECT {index} AS cell, row_number() OVER "
         f"(PARTITION BY {_ident(unit)} ORDER BY hash({index}, {salt}), {index}) AS rank "
-        f"FROM {_ident(table)} WHERE {inside}) WHERE rank <= {max_rows_per_unit} "
+        f"FROM {_ident(table)} WHERE {' AND '.join(inside)}) WHERE rank <= {max_rows_per_unit} "
         "GROUP BY cell ORDER BY cell"
     )
 
@@ -419,26 +620,51 @@ def _at(where: exp.Expression, values: dict[str, str]) -> exp.Expression:
 
 def _value(column: StreamColumn, index: str, end: bool) -> str:
     offset = f" + {column.width - 1}" if end and column.width > 1 else ""
-    top = f"LEAST({column.low} + {index} * {column.width}{offset}, {column.high})"
-    return f"CAST({top} AS {column.type})"
+    ticks = f"LEAST({column.low} + {index} * {column.width}{offset}, {column.high})"
+    return value_sql(column, ticks)
+
+
+_MONOTONE = (exp.LT, exp.LTE, exp.GT, exp.GTE)
 
 
 def _monotone_atoms(where: exp.Expression, column: str) -> list[exp.Expression]:
-    """The comparisons on ``column`` as monotone atoms (BETWEEN split in two); refuses the
-    atoms that can select the inside of a cell but not its ends."""
+    """The comparisons on ``column`` as monotone atoms (BETWEEN split in two). On a cell wider
+    than one tick, the column may only appear as a side of ``<, <=, >, >=`` or as the tested
+    value of a BETWEEN, the other sides free of columns: each such atom is monotone in the
+    column's value, so agreeing at both ends of a cell it agrees on all of it. Anything else
+    (``=``, ``IN``, a function or arithmetic of the column) is refused."""
     atoms: list[exp.Expression] = []
-    for node in where.find_all(exp.EQ, exp.NEQ, exp.In, exp.LT, exp.LTE, exp.GT, exp.GTE):
-        if not any(c.name == column for c in node.find_all(exp.Column)):
+    for node in where.find_all(exp.Column):
+        if node.name != column:
             continue
-        if isinstance(node, exp.EQ | exp.NEQ | exp.In):
+        parent = node.parent
+        while isinstance(parent, exp.Paren):
+            parent = parent.parent
+        if isinstance(parent, exp.EQ | exp.NEQ | exp.In):
             raise UnsupportedQueryError(
                 f"=, <> and IN on {column!r} are not answered by a stream whose cells are wider "
                 "than one value; use ranges aligned with the cells"
             )
-        atoms.append(node)
-    for node in where.find_all(exp.Between):
-        atoms.append(exp.GTE(this=node.this.copy(), expression=node.args["low"].copy()))
-        atoms.append(exp.LTE(this=node.this.copy(), expression=node.args["high"].copy()))
+        if isinstance(parent, _MONOTONE):
+            sides = [parent.this.unnest(), parent.expression.unnest()]
+            others = [side for side in sides if side is not node]
+            direct = len(others) == 1
+        elif isinstance(parent, exp.Between):
+            others = [parent.args["low"], parent.args["high"]]
+            direct = parent.this.unnest() is node
+        else:
+            others, direct = [], False
+        if not direct or any(o.find(exp.Column) is not None for o in others):
+            raise UnsupportedQueryError(
+                f"on {column!r} (cells wider than one value) a stream answers comparisons of the "
+                "column itself with values (<, <=, >, >=, BETWEEN) only"
+            )
+        atom = parent
+        if isinstance(atom, exp.Between):
+            atoms.append(exp.GTE(this=atom.this.copy(), expression=atom.args["low"].copy()))
+            atoms.append(exp.LTE(this=atom.this.copy(), expression=atom.args["high"].copy()))
+        else:
+            atoms.append(atom)
     return atoms
 
 
@@ -470,18 +696,64 @@ def cells_selected_sql(where: exp.Expression, columns: tuple[StreamColumn, ...])
     return f"SELECT {index} AS cell FROM {sources} WHERE ({predicate})"
 
 
+# --- fixed filters --------------------------------------------------------------------------------
+
+
+def conjuncts(where: exp.Expression | None) -> list[exp.Expression]:
+    """The top-level AND operands of a WHERE (parentheses removed)."""
+    if where is None:
+        return []
+    where = where.unnest()
+    if isinstance(where, exp.And):
+        return conjuncts(where.this) + conjuncts(where.expression)
+    return [where]
+
+
+def _canonical(conjunct: exp.Expression) -> str:
+    """One conjunct's canonical DuckDB SQL: columns as quoted identifiers (the analyzer has
+    already resolved them to the catalog's spelling), literals as the database converted them."""
+
+    def quoted(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Column):
+            return exp.column(node.name, quoted=True)
+        return node
+
+    return conjunct.copy().transform(quoted).sql(dialect="duckdb")
+
+
+def split_where(
+    where: exp.Expression | None, names: set[str]
+) -> tuple[exp.Expression | None, tuple[str, ...]]:
+    """``where`` (bound) as (the AND of its conjuncts that use only ``names``, the canonical form
+    of the other conjuncts: sorted, each once). Two WHEREs have the same fixed part exactly when
+    the canonical forms are equal; AND is commutative and idempotent in SQL, nothing else is
+    assumed, so a fixed part written differently is simply not matched."""
+    stream: list[exp.Expression] = []
+    fixed: set[str] = set()
+    for conjunct in conjuncts(where):
+        if all(c.name in names for c in conjunct.find_all(exp.Column)):
+            stream.append(conjunct.copy())
+        else:
+            fixed.add(_canonical(conjunct))
+    return (exp.and_(*stream) if stream else None), tuple(sorted(fixed))
+
+
+def fixed_filter(stream: Stream) -> tuple[str, ...]:
+    """The stream's fixed filter (canonical conjuncts; empty: the whole table)."""
+    return tuple(stream.params.get("filter", ()))
+
+
 def answerable(shape: QueryShape, stream: Stream) -> bool:
-    """An ungrouped ``COUNT(*)`` over the stream's table whose WHERE uses only its columns."""
+    """An ungrouped ``COUNT(*)`` over the stream's table whose WHERE is exactly the stream's
+    fixed filter AND conditions on the stream's columns only."""
     if shape.group_by or shape.having is not None or shape.range_join is not None:
         return False
     if [(a.kind, a.column) for a in shape.aggregates] != [(AggregateKind.COUNT, None)]:
         return False
     if shape.table.lower() != stream.table.lower():
         return False
-    if shape.where is None:
-        return True
-    names = {c.name for c in stream.columns}
-    return all(c.name in names for c in shape.where.find_all(exp.Column))
+    _, fixed = split_where(shape.where, {c.name for c in stream.columns})
+    return fixed == fixed_filter(stream)
 
 
 def dense_histogram(frame: Any, cells: int) -> np.ndarray:

@@ -24,7 +24,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
 from dpsql.accountant.ledger import current_actor
@@ -45,6 +45,7 @@ VERSION = version("dpsql")
 CONSOLE = Path(__file__).parent / "console"
 _log = logging.getLogger("dpsql.serving")
 T = TypeVar("T")
+B = TypeVar("B", bound=BaseModel)
 
 
 def _plain(value: Any) -> Any:
@@ -171,21 +172,29 @@ def _invalid_parameter(where: str, message: str) -> RequestValidationError:
     return RequestValidationError([{"loc": (where,), "msg": message, "type": "value_error"}])
 
 
-async def _query_request(request: Request, service: _Service) -> models.QueryRequest:
-    """The request's JSON body as a ``QueryRequest`` (pydantic parses the bytes directly),
-    within the administrator's SQL length."""
+async def _json_body(request: Request, model: type[B]) -> B:
+    """The request's JSON body as ``model`` (pydantic parses the bytes directly)."""
     content_type = request.headers.get("content-type", "application/json").split(";")[0].strip()
     if not (content_type == "application/json" or content_type.endswith("+json")):
         raise _invalid_parameter(
             "body", f"send JSON (Content-Type: application/json), got {content_type}"
         )
     try:
-        body = models.QueryRequest.model_validate_json(await request.body())
+        return model.model_validate_json(await request.body())
     except ValidationError as error:
         raise RequestValidationError(error.errors(include_url=False, include_input=False)) from None
+
+
+def _within_sql_length(service: _Service, what: str, text: str | None) -> None:
     limit = service.settings.max_sql_length
-    if len(body.sql) > limit:
-        raise ServiceError(f"sql has {len(body.sql)} characters; the limit is {limit}", status=413)
+    if text is not None and len(text) > limit:
+        raise ServiceError(f"{what} has {len(text)} characters; the limit is {limit}", status=413)
+
+
+async def _query_request(request: Request, service: _Service) -> models.QueryRequest:
+    """The request's JSON body as a ``QueryRequest``, within the administrator's SQL length."""
+    body = await _json_body(request, models.QueryRequest)
+    _within_sql_length(service, "sql", body.sql)
     return body
 
 
@@ -217,22 +226,33 @@ _FORMAT = {
     "description": "`csv` for CSV (as `Accept: text/csv`); `json` by default",
     "schema": {"type": "string", "enum": ["json", "csv"]},
 }
-_QUERY_BODY = {
-    "required": True,
-    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/QueryRequest"}}},
-}
+_BODIES = (models.QueryRequest, models.StreamRequest)
+"""Request bodies the endpoints read themselves, declared in the OpenAPI document."""
+
+
+def _body(model: type[BaseModel]) -> dict[str, Any]:
+    schema = {"$ref": f"#/components/schemas/{model.__name__}"}
+    return {"required": True, "content": {"application/json": {"schema": schema}}}
+
+
 router = APIRouter()
 
 
 def _documented(
-    method: str, path: str, *, tags: list[str], body: bool = False, csv: bool = False, **kwargs: Any
+    method: str,
+    path: str,
+    *,
+    tags: list[str],
+    body: type[BaseModel] | None = None,
+    csv: bool = False,
+    **kwargs: Any,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register an endpoint that needs a token, with its contract in the OpenAPI document: the
-    bearer security, the refusals, and (read by the endpoint itself) a ``QueryRequest`` body
-    and the ``format`` parameter."""
+    bearer security, the refusals, and (read by the endpoint itself) a JSON ``body`` and the
+    ``format`` parameter."""
     extra: dict[str, Any] = {"security": _SECURITY}
-    if body:
-        extra["requestBody"] = _QUERY_BODY
+    if body is not None:
+        extra["requestBody"] = _body(body)
     if csv:
         extra["parameters"] = [_FORMAT]
     responses: dict[int | str, dict[str, Any]] = dict(_REFUSALS)
@@ -244,7 +264,12 @@ def _documented(
 
 
 @_documented(
-    "POST", "/v1/query", response_model=models.QueryResponse, body=True, csv=True, tags=["analyst"]
+    "POST",
+    "/v1/query",
+    response_model=models.QueryResponse,
+    body=models.QueryRequest,
+    csv=True,
+    tags=["analyst"],
 )
 async def query(request: Request) -> Response:
     """Answer the SQL with differential privacy, charging the caller's allocation first.
@@ -264,7 +289,11 @@ async def query(request: Request) -> Response:
 
 
 @_documented(
-    "POST", "/v1/explain", response_model=models.ExplainResponse, body=True, tags=["analyst"]
+    "POST",
+    "/v1/explain",
+    response_model=models.ExplainResponse,
+    body=models.QueryRequest,
+    tags=["analyst"],
 )
 async def explain(request: Request) -> Response:
     """Plan, cost and the budget it draws on; reads no data and charges nothing."""
@@ -275,6 +304,21 @@ async def explain(request: Request) -> Response:
         lambda s: _asked(s, body).explain(body.sql, **body.options()),
     )
     return StrictJSONResponse(report)
+
+
+@_documented("POST", "/v1/streams", body=models.StreamRequest, status_code=201, tags=["analyst"])
+async def open_stream(request: Request) -> Response:
+    """Open a query stream (`pmw` or `range_tree`) over a table's columns, charging its
+    (ε, δ) to the caller once; later `COUNT(*)` queries it covers are answered from it for free.
+    Returns the stream's description (as `/v1/synopses` lists it)."""
+    service, identity = _identify(request, "analyst")
+    body = await _json_body(request, models.StreamRequest)
+    _within_sql_length(service, "filter", body.filter)
+    opened = await service.in_session(
+        identity,
+        lambda s: s.open_stream(body.table, [c.spec() for c in body.columns], **body.arguments()),
+    )
+    return StrictJSONResponse(opened, status_code=201)
 
 
 @_documented("GET", "/v1/budget", tags=["analyst", "auditor"])
@@ -396,9 +440,11 @@ def _with_bearer(app: FastAPI) -> dict[str, Any]:
         schema = FastAPI.openapi(app)
         components = schema.setdefault("components", {})
         components["securitySchemes"] = {"bearer": BEARER}
-        components.setdefault("schemas", {})["QueryRequest"] = (
-            models.QueryRequest.model_json_schema(ref_template="#/components/schemas/{model}")
-        )
+        schemas = components.setdefault("schemas", {})
+        for model in _BODIES:
+            described = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(described.pop("$defs", {}))
+            schemas[model.__name__] = described
         app.openapi_schema = schema
     return app.openapi_schema
 

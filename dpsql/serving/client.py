@@ -1,20 +1,21 @@
 """The remote connection: the analyst surface of a ``Session``, over HTTP.
 
 ``dpsql.connect("http://host:8765", token=...)`` returns a ``RemoteSession`` with the same
-``execute``, ``explain``, ``budget``, ``ledger`` and ``synopses``, the same result types, and the
-same exception classes (rebuilt from the service's problem documents).
+``execute``, ``explain``, ``open_stream``, ``budget``, ``ledger`` and ``synopses``, the same result
+types, and the same exception classes (rebuilt from the service's problem documents).
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dpsql.engine.results import BudgetReport, QueryResult
 from dpsql.engine.session import Session
 from dpsql.engine.session import connect as connect_local
-from dpsql.errors import AccessError, ServiceError
+from dpsql.errors import AccessError, ParameterError, ServiceError
 from dpsql.serving.problems import error_from_problem
 
 if TYPE_CHECKING:
@@ -129,6 +130,51 @@ class RemoteSession:
             accuracy=accuracy,
         )
         return self._call("POST", "/v1/explain", body)
+
+    def open_stream(
+        self,
+        table: str,
+        columns: Sequence[tuple[Any, ...]],
+        *,
+        epsilon: float,
+        mechanism: str = "pmw",
+        delta: float = 0.0,
+        updates: int | None = None,
+        threshold: float | None = None,
+        expected_queries: int | None = None,
+        name: str | None = None,
+        filter: str | None = None,
+        warm_share: float | None = None,
+    ) -> dict[str, Any]:
+        """Open a query stream on the service (``Session.open_stream``'s arguments), charging
+        ``(epsilon, delta)`` to the token's analyst once; returns its description."""
+        specs = []
+        for column in columns:
+            if not isinstance(column, list | tuple) or len(column) not in (2, 4):
+                raise ParameterError(
+                    f"a stream column is (name, width) or (name, width, low, high), got {column!r}"
+                )
+            spec: dict[str, Any] = {"name": column[0], "width": column[1]}
+            if len(column) == 4:
+                spec["bounds"] = [column[2], column[3]]
+            specs.append(spec)
+        given = {
+            "updates": updates,
+            "threshold": threshold,
+            "expected_queries": expected_queries,
+            "name": name,
+            "filter": filter,
+            "warm_share": warm_share,
+        }
+        body = {
+            "table": table,
+            "columns": specs,
+            "epsilon": epsilon,
+            "delta": delta,
+            "mechanism": mechanism,
+            **{k: v for k, v in given.items() if v is not None},
+        }
+        return self._call("POST", "/v1/streams", body)
 
     def budget(self) -> BudgetReport:
         """Cap, spent and remaining: the dataset and this analyst (all analysts for an auditor)."""

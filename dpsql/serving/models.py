@@ -19,6 +19,8 @@ __all__ = [
     "Me",
     "QueryRequest",
     "QueryResponse",
+    "StreamColumnRequest",
+    "StreamRequest",
     "VerifyResponse",
 ]
 
@@ -54,6 +56,65 @@ class QueryRequest(BaseModel):
             "max_answers": self.max_answers,
             "accuracy": self.accuracy,
         }
+
+
+class StreamColumnRequest(BaseModel):
+    """One column of a stream: its bin width and bounds in the column's own type."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    name: str = Field(min_length=1, max_length=256)
+    width: int | str = Field(
+        1,
+        description="cells' width: an integer (integer columns; days for DATE), an interval "
+        "such as '1 hour' (TIMESTAMP), a decimal such as '0.50' (DECIMAL)",
+    )
+    bounds: tuple[int | float | str, int | float | str] | None = Field(
+        None, description="[low, high] in the column's type; default: the policy's bounds"
+    )
+
+    def spec(self) -> tuple[object, ...]:
+        return (self.name, self.width) + (tuple(self.bounds) if self.bounds else ())
+
+
+class StreamRequest(BaseModel):
+    """Open a query stream (``POST /v1/streams``): charged once, then it answers later counts."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+    table: str = Field(min_length=1, max_length=256)
+    columns: list[StreamColumnRequest] = Field(min_length=1, max_length=8)
+    epsilon: float = Field(description="the stream's whole epsilon, charged once")
+    delta: float = Field(0.0, description="the stream's whole delta (pmw only)")
+    mechanism: Literal[STREAM_MECHANISMS] = "pmw"  # type: ignore[valid-type]
+    filter: str | None = Field(
+        None,
+        min_length=1,
+        description="a fixed WHERE condition on other columns (e.g. \"country = 'DK'\"); later "
+        "queries are answered when their WHERE is exactly it AND conditions on the columns",
+    )
+    updates: int | None = Field(None, description="pmw: updates before the stream stops")
+    threshold: float | None = Field(None, description="pmw: the error threshold, in rows")
+    expected_queries: int | None = Field(None, description="pmw: sets the default threshold")
+    warm_share: float | None = Field(
+        None, description="pmw: share of epsilon spent on the warm start (default 0.8)"
+    )
+    name: str | None = Field(None, max_length=64, description="the stream's name")
+
+    def arguments(self) -> dict[str, Any]:
+        """The keyword arguments of ``Session.open_stream``."""
+        given = {
+            "epsilon": self.epsilon,
+            "delta": self.delta,
+            "mechanism": self.mechanism,
+            "filter": self.filter,
+            "updates": self.updates,
+            "threshold": self.threshold,
+            "expected_queries": self.expected_queries,
+            "warm_share": self.warm_share,
+            "name": self.name,
+        }
+        return {k: v for k, v in given.items() if v is not None}
 
 
 class QueryResponse(BaseModel):

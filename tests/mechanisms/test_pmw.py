@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from dpsql.errors import ParameterError
-from dpsql.mechanisms.pmw import OnlinePMW, PMWState, StreamExhaustedError
+from dpsql.mechanisms.pmw import OnlinePMW, PMWState, StreamExhaustedError, warm_prior
+from dpsql.mechanisms.svt import plan
 from tests.mechanisms.privacy_loss import max_log_ratio_lower_bound
 
 EPSILON = 1.0
@@ -207,3 +208,89 @@ def test_the_projection_step_matches_the_measured_answer() -> None:
     assert pmw.synthetic.sum() == pytest.approx(pmw.n_hat)
     with pytest.raises(ParameterError, match="update must be"):
         OnlinePMW(histogram, epsilon=1.0, updates=2, threshold=1, update="gradient")
+
+
+# --- warm start -----------------------------------------------------------------------------------
+
+
+class _WarmStartFromTheData(OnlinePMW):
+    """BROKEN: the warm start is the exact histogram (no noisy tree)."""
+
+    def _warm_start(self) -> tuple[np.ndarray, float]:
+        exact = self._histogram.astype(np.float64)
+        return exact / exact.sum(), float(exact.sum())
+
+
+def _warm_transcripts(kind: type[OnlinePMW], histogram: list[int], runs: int, seed: int) -> list:
+    """Per run: the first synthetic answer (what the warm start reveals, rounded, clipped to a
+    window around the neighbours' counts) and whether the first query updated."""
+    rng = _rng(seed)
+    outputs = []
+    for _ in range(runs):
+        pmw = kind(
+            np.array(histogram), epsilon=EPSILON, updates=2, threshold=5, warm_share=0.5, rng=rng
+        )
+        revealed = min(max(round(pmw.synthetic_answer(CELL)), 290), 312)
+        outputs.append((revealed, pmw.ask(CELL).updated))
+    return outputs
+
+
+def test_a_warm_started_pmw_stays_within_epsilon() -> None:
+    """Warm start (ε/2: a noisy tree) + online PMW (ε/2): the first synthetic answer and the
+    transcript stay within ε on neighbours (600 runs each); the total cost is ε."""
+    first = _warm_transcripts(OnlinePMW, NEIGHBOURS[0], 600, 3)
+    second = _warm_transcripts(OnlinePMW, NEIGHBOURS[1], 600, 4)
+    assert max_log_ratio_lower_bound(first, second) <= EPSILON
+    pmw = OnlinePMW(np.arange(64), epsilon=2.0, updates=5, threshold=9, warm_share=0.8)
+    assert pmw.cost == pytest.approx((2.0, 0.0)) and pmw.warm_epsilon == pytest.approx(1.6)
+    assert pmw.count_epsilon == 0  # n̂ is the tree's total
+
+
+def test_a_warm_start_from_the_exact_histogram_is_flagged() -> None:
+    first = _warm_transcripts(_WarmStartFromTheData, NEIGHBOURS[0], 600, 3)
+    second = _warm_transcripts(_WarmStartFromTheData, NEIGHBOURS[1], 600, 4)
+    assert max_log_ratio_lower_bound(first, second) > 3 * EPSILON
+
+
+def test_warm_prior_is_a_distribution_that_keeps_the_tree_s_block_totals() -> None:
+    """Top-down non-negative rescaling: each block gets its parent's value split in proportion to
+    the positive estimates of its children; the padding cells' mass is dropped."""
+    leaves = np.array([4.0, -1.0, 2.0, 2.0, -3.0, -1.0, 0.0, 0.0, 8.0])
+    # Blocks [4, -1, 2] -> 5, [2, -3, -1] -> -2 (nothing below it), [0, 0, 8] -> 8 (padding).
+    prior = warm_prior(leaves, 3, 8)
+    np.testing.assert_allclose(prior, [2 / 3, 0, 1 / 3, 0, 0, 0, 0, 0], rtol=1e-12)
+    assert warm_prior(np.array([-1.0, -2.0, -3.0, -4.0]), 2, 4).tolist() == [0.25] * 4
+
+
+def test_a_warm_start_answers_ranges_more_accurately() -> None:
+    """On a concentrated 4,096-cell histogram of 200,000 rows, 300 random ranges at ε = 1 (the
+    engine's default thresholds): a warm start (ε·0.8) answers all of them with a mean absolute
+    error below 1/10 of the uniform start's (which runs out of updates), and every answer is
+    still within the stated alpha (β = 0.05)."""
+    rng = _rng(12)
+    values = np.clip(rng.normal(1200, 150, 200_000), 0, 4095).astype(np.int64)
+    histogram = np.bincount(values, minlength=4096)
+    queries = _ranges(rng, 4096, 300)
+    errors = {}
+    for share in (0.0, 0.8):
+        # The engine's default threshold: the comparisons' noise scale times ln(queries).
+        comparisons = plan(epsilon=EPSILON * (1 - share if share else 0.95) * 8 / 9, c=40)
+        threshold = float(comparisons.query_scale) * math.log(300)
+        pmw = OnlinePMW(
+            histogram,
+            epsilon=EPSILON,
+            updates=40,
+            threshold=threshold,
+            warm_share=share,
+            rng=_rng(13),
+        )
+        alpha, found = pmw.alpha(300, 0.05), []
+        for mask in queries:
+            if pmw.halted:
+                break
+            found.append(abs(pmw.ask(mask).value - int(histogram[mask].sum())))
+        assert max(found) <= alpha
+        errors[share] = float(np.mean(found))
+        answered = len(found)
+    assert answered == 300  # the warm-started stream did not run out of updates
+    assert errors[0.8] < errors[0.0] / 10
