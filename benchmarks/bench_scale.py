@@ -14,6 +14,11 @@ reads them through DuckDB without copying. For each query it prints median secon
   person keeps (a lower bound on bounded SQL, not a private query);
 - ``plain``: the plain aggregation without privacy (the price of bounding is bounded / plain).
 
+``sql`` is the part of ``dpsql`` spent in the database (the rest is Python: parsing, planning,
+the ledger, noise and building the result). The machine is shared, so wall-clock ratios carry the
+other processes' load; ``cpu dpsql/floor`` divides this process's CPU seconds (DuckDB runs in
+it), which that load moves much less.
+
 Queries: GROUP BY over public keys, a range count, a SUM, and (when the engine supports it) a
 GROUP BY over the high-cardinality key whose keys are released by thresholding, and with the
 combined threshold + ALP structure. Then the peak RSS of this process.
@@ -50,7 +55,6 @@ from dpsql.engine.planner import QueryPlan, plan_query
 from dpsql.engine.policy import Policy, parse_policy
 from dpsql.errors import DpsqlError
 from dpsql.sql.analyze import analyze
-from dpsql.sql.generate import bounded_aggregate
 from dpsql.sql.parse import parse
 
 COUNTRIES = ["DK", "NO", "SE", "FI", "IS", "DE", "NL", "BE", "FR", "ES"]
@@ -151,30 +155,28 @@ def generate(directory: Path, rows: int, users: int, items: int) -> None:
     connection.close()
 
 
+def _cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def timed(function: Callable[[], object], repeats: int) -> float:
-    samples = []
+    return timed_with_cpu(function, repeats)[0]
+
+
+def timed_with_cpu(function: Callable[[], object], repeats: int) -> tuple[float, float]:
+    """Median wall-clock and median CPU seconds of this process (DuckDB's threads included)."""
+    wall, cpu = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), _cpu_seconds()
         function()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+        wall.append(time.perf_counter() - start)
+        cpu.append(_cpu_seconds() - start_cpu)
+    return statistics.median(wall), statistics.median(cpu)
 
 
 def _plan(sql: str, backend: Any, policy: Policy) -> QueryPlan:
     return plan_query(analyze(parse(sql), backend.catalog()), policy, epsilon=EPSILON, delta=DELTA)
-
-
-def generated_sql(sql: str, backend: Any, policy: Policy, salt: int, dialect: str) -> str:
-    """The bounded aggregate dpsql sends for ``sql`` (the same plan and SQL as a session's)."""
-    plan = _plan(sql, backend, policy)
-    return bounded_aggregate(
-        plan.shape,
-        measures=[m.measure for m in plan.measurements],
-        bounds=plan.bounds,
-        public_keys=plan.key_literals,
-        salt=salt,
-        dialect=dialect,
-    )
 
 
 def peak_rss_gib() -> float:
@@ -188,11 +190,12 @@ def run_duckdb(directory: Path, repeats: int, queries: list[str], memory_limit: 
     dpsql.set_policy(database, policy)
     # The raw baseline: same files, same views, same memory limit (the policy's), no dpsql on top.
     raw = DuckDBBackend.for_policy(database, policy)
-    backend = DuckDBBackend.for_policy(database, policy)
+    backend = Recording(DuckDBBackend.for_policy(database, policy), keep_frames=False)
     with dpsql.Session(database, analyst="bench", backend=backend) as db:
         print(
-            f"{'query':28} {'dpsql s':>8} {'bounded s':>10} {'floor s':>8} {'plain s':>8} "
-            f"{'dpsql/bounded':>14} {'dpsql/floor':>12} {'dpsql/plain':>12}"
+            f"{'query':28} {'dpsql s':>8} {'sql s':>6} {'bounded s':>10} {'floor s':>8} "
+            f"{'plain s':>8} {'dpsql/bounded':>14} {'dpsql/floor':>12} {'dpsql/plain':>12} "
+            f"{'cpu dpsql/floor':>16}"
         )
         for name in queries:
             private, plain, floor, options = QUERIES[name]
@@ -201,18 +204,25 @@ def run_duckdb(directory: Path, repeats: int, queries: list[str], memory_limit: 
             except DpsqlError as error:
                 print(f"{name:28} skipped: {type(error).__name__}: {error}")
                 continue
-            bounded = generated_sql(private, raw, policy, 12345, "duckdb")
+            # The bounded SQL is the last one dpsql sent (same shape; each query draws its salt).
+            bounded = backend.sqls[-1]
             for warm in (bounded, floor, plain):
                 raw.run(warm)
-            dp = timed(lambda q=private, o=options: db.execute(q, epsilon=EPSILON, **o), repeats)
+            backend.clear()
+            dp, dp_cpu = timed_with_cpu(
+                lambda q=private, o=options: db.execute(q, epsilon=EPSILON, **o), repeats
+            )
+            in_sql = sum(backend.seconds) / repeats
             base = timed(lambda q=bounded: raw.run(q), repeats)
-            floor_s = timed(lambda q=floor: raw.run(q), repeats)
+            floor_s, floor_cpu = timed_with_cpu(lambda q=floor: raw.run(q), repeats)
             plain_s = timed(lambda q=plain: raw.run(q), repeats)
             print(
-                f"{name:28} {dp:8.2f} {base:10.2f} {floor_s:8.2f} {plain_s:8.2f} "
-                f"{dp / base:13.2f}x {dp / floor_s:11.2f}x {dp / plain_s:11.2f}x",
+                f"{name:28} {dp:8.2f} {in_sql:6.2f} {base:10.2f} {floor_s:8.2f} {plain_s:8.2f} "
+                f"{dp / base:13.2f}x {dp / floor_s:11.2f}x {dp / plain_s:11.2f}x "
+                f"{dp_cpu / floor_cpu:15.2f}x",
                 flush=True,
             )
+            backend.clear()
     raw.close()
     print(
         f"peak RSS of this process (dpsql and the raw baselines): {peak_rss_gib():.2f} GiB; "
@@ -221,20 +231,31 @@ def run_duckdb(directory: Path, repeats: int, queries: list[str], memory_limit: 
 
 
 class Recording:
-    """A backend that keeps what the wrapped one returned: the true aggregates before noise."""
+    """A backend that keeps what the wrapped one was sent, how long each query took and (with
+    ``keep_frames``) what it returned: the true aggregates before noise."""
 
-    def __init__(self, backend: Any):
+    def __init__(self, backend: Any, *, keep_frames: bool = True):
         self.backend = backend
         self.dialect = backend.dialect
+        self.keep_frames = keep_frames
         self.frames: list[pd.DataFrame] = []
+        self.sqls: list[str] = []
+        self.seconds: list[float] = []
 
     def catalog(self) -> dict[str, dict[str, str]]:
         return self.backend.catalog()
 
     def run(self, sql: str) -> pd.DataFrame:
+        start = time.perf_counter()
         frame = self.backend.run(sql)
-        self.frames.append(frame)
+        self.seconds.append(time.perf_counter() - start)
+        self.sqls.append(sql)
+        if self.keep_frames:
+            self.frames.append(frame)
         return frame
+
+    def clear(self) -> None:
+        self.frames, self.sqls, self.seconds = [], [], []
 
     def close(self) -> None:
         self.backend.close()

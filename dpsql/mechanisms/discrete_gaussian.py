@@ -145,6 +145,7 @@ def _log_mass_sum(start: int, sigma_squared: Fraction) -> float:
     return top + math.log(total) + math.log(_ROUND_UP)
 
 
+@lru_cache(maxsize=4096)
 def _log_normaliser(sigma_squared: Fraction) -> float:
     """``log Σ_z exp(-z²/(2σ²))``, rounded *down* (it divides)."""
     s2 = float(sigma_squared)

@@ -85,15 +85,36 @@ def threshold_delta(tau: int, sigma_squared: Fraction, bounds: Contribution) -> 
 
 
 def _tau_for(sigma_squared: Fraction, budget: float, bounds: Contribution) -> int:
-    """The smallest integer τ with ``threshold_delta(τ) <= budget``."""
+    """The smallest integer τ with ``threshold_delta(τ) <= budget`` (it decreases in τ).
+
+    From the Gaussian-tail estimate, steps double until they bracket the answer, then bisection:
+    a few dozen exact tails instead of one per integer (``σ/8`` steps up, then one at a time down).
+    """
     sigma = math.sqrt(float(sigma_squared))
     per_key = max(budget / bounds.new_keys, 1e-300)
-    tau = bounds.per_key + max(1, math.floor(sigma * math.sqrt(2.0 * math.log(1.0 / per_key))))
-    while threshold_delta(tau, sigma_squared, bounds) > budget:
-        tau += max(1, int(sigma // 8))
-    while threshold_delta(tau - 1, sigma_squared, bounds) <= budget:
-        tau -= 1
-    return tau
+    guess = bounds.per_key + max(1, math.floor(sigma * math.sqrt(2.0 * math.log(1.0 / per_key))))
+
+    def fits(tau: int) -> bool:
+        return threshold_delta(tau, sigma_squared, bounds) <= budget
+
+    step = max(1, int(sigma // 8))
+    if fits(guess):
+        high, low = guess, guess - step
+        while fits(low):
+            high, step = low, step * 2
+            low = high - step
+    else:
+        low, high = guess, guess + step
+        while not fits(high):
+            low, step = high, step * 2
+            high = low + step
+    while high - low > 1:  # fits(high), not fits(low)
+        middle = (low + high) // 2
+        if fits(middle):
+            high = middle
+        else:
+            low = middle
+    return high
 
 
 @dataclass(frozen=True)

@@ -395,7 +395,11 @@ def bounded_aggregate(
                 f"mixed{index} AS (SELECT {', '.join(carried)}, {step} AS __mix FROM {ordered})"
             )
             ordered = f"mixed{index}"
-        order_by = f"PARTITION BY __unit ORDER BY {order}, {key_list}"
+        # The order as a column of its own: sorting on a column, not on an expression inside the
+        # window, made DuckDB's ranking 10-15% faster at 10M cells (docs/partition_selection.md).
+        ctes.append(f"salted AS (SELECT {', '.join(carried)}, {order} AS __order FROM {ordered})")
+        ordered = "salted"
+        order_by = f"PARTITION BY __unit ORDER BY __order, {key_list}"
         columns = ", ".join(["__unit", *keys, "__rows", *cells_of.values()])
         # One sort of every unit's cells: splitting off the units that cannot exceed a bound
         # costs a second pass and a join, which is slower whenever many units do exceed one.

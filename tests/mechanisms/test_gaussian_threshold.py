@@ -49,6 +49,7 @@ def test_threshold_delta_matches_the_brute_force_sum(tau, sigma_squared, bounds)
         (0.5, 1e-6, Contribution(1, 1)),
         (2.0, 1e-9, Contribution(50, 1, 50)),
         (1.0, 1e-5, Contribution(8, 8, 4)),
+        (0.1, 1e-6, Contribution(5, 10, 50)),  # large σ: τ far from the first estimate
     ],
 )
 def test_plan_meets_delta_with_the_smallest_tau_for_its_sigma(epsilon, delta, bounds) -> None:
@@ -60,6 +61,18 @@ def test_plan_meets_delta_with_the_smallest_tau_for_its_sigma(epsilon, delta, bo
     assert chosen.delta <= delta
     budget = delta - chosen.noise_delta
     assert gt.threshold_delta(chosen.tau - 1, chosen.sigma_squared, bounds) > budget
+
+
+@pytest.mark.parametrize("sigma_squared", [Fraction(9, 4), Fraction(400), Fraction(90_000)])
+@pytest.mark.parametrize("budget", [1e-3, 1e-7, 1e-12])
+def test_tau_search_finds_the_smallest_tau_a_linear_scan_finds(sigma_squared, budget) -> None:
+    bounds = Contribution(5, 10, 50)
+    tau = gt._tau_for(sigma_squared, budget, bounds)
+    sigma = math.sqrt(float(sigma_squared))
+    # Every τ from well below the answer up to it: only the answer and above fit.
+    scan = range(max(bounds.per_key, tau - int(3 * sigma) - 3), tau + 1)
+    fitting = [t for t in scan if gt.threshold_delta(t, sigma_squared, bounds) <= budget]
+    assert fitting == [tau]
 
 
 def test_benchmark_setting_threshold_is_about_half_of_laplace() -> None:
