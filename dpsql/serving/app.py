@@ -123,8 +123,8 @@ class _Service:
             ) from None
 
     async def in_session(self, identity: Identity, work: Callable[[Session], T]) -> T:
-        """``work`` in the analyst's session, within the time limit; every ledger entry it
-        writes records the token (beside the server's operating-system user)."""
+        """``work`` in the analyst's session on the engine thread, within the time limit; every
+        ledger entry it writes records the token (beside the server's operating-system user)."""
         actor = {**current_actor(), "token": identity.token_id}
 
         def acting(session: Session | None) -> T:
@@ -134,8 +134,8 @@ class _Service:
 
         return await self._run(acting, identity.name)
 
-    async def without_session(self, work: Callable[[], T]) -> T:
-        """``work`` (no session: auditor reads) within the time limit."""
+    async def in_thread(self, work: Callable[[], T]) -> T:
+        """``work`` (no session: auditor reads) on the engine thread, within the time limit."""
         return await self._run(lambda _: work(), None)
 
 
@@ -209,7 +209,7 @@ def _wants_csv(request: Request) -> bool:
 
 
 def _asked(session: Session, body: models.QueryRequest) -> Session:
-    """The session reading ``body``'s dialect (a worker runs one call at a time)."""
+    """The session reading ``body``'s dialect (the engine thread runs one call at a time)."""
     session.dialect = body.dialect
     return session
 
@@ -326,7 +326,7 @@ async def budget(request: Request) -> Response:
     """Cap, spent and remaining: the dataset and the caller (an auditor: every analyst)."""
     service, identity = _identify(request, None)
     if identity.role == "auditor":
-        report = await service.without_session(lambda: database_budget(service.database))
+        report = await service.in_thread(lambda: database_budget(service.database))
     else:
         report = await service.in_session(identity, lambda s: s.budget())
     return StrictJSONResponse(report.model_dump())
@@ -341,7 +341,7 @@ async def ledger(request: Request) -> Response:
     service, identity = _identify(request, None)
     as_csv = _wants_csv(request)
     if identity.role == "auditor":
-        entries = await service.without_session(lambda: database_ledger(service.database))
+        entries = await service.in_thread(lambda: database_ledger(service.database))
     else:
         # Session.ledger() holds the analyst's own entries; the service shows their charges.
         own = await service.in_session(identity, lambda s: s.ledger())
@@ -356,7 +356,7 @@ async def verify(request: Request) -> Response:
     """Check the hash chain and every entry's total; name the first bad entry."""
     service, _ = _identify(request, "auditor")
     try:
-        entries = await service.without_session(lambda: database_ledger(service.database))
+        entries = await service.in_thread(lambda: database_ledger(service.database))
     except LedgerError as error:
         return StrictJSONResponse(
             {"verified": False, "entries": 0, "last_hash": None, "detail": str(error)}
@@ -373,7 +373,7 @@ async def synopses(request: Request) -> Response:
     """Stored synopses the caller may use (parameters only, never the bytes)."""
     service, identity = _identify(request, None)
     if identity.role == "auditor":
-        listed = await service.without_session(lambda: database_synopses(service.database))
+        listed = await service.in_thread(lambda: database_synopses(service.database))
     else:
         listed = await service.in_session(identity, lambda s: s.synopses())
     return StrictJSONResponse(listed)

@@ -34,7 +34,7 @@ class ServerSettings(BaseModel):
     max_body_bytes: int = Field(64 * 1024, ge=1024, description="largest request body")
     max_sql_length: int = Field(20_000, ge=16, description="longest SQL text, in characters")
     rate_per_minute: int = Field(600, ge=1, description="requests per token per minute")
-    query_timeout: float = Field(60.0, gt=0, description="seconds an engine call may run")
+    query_timeout: float = Field(60.0, gt=0, description="seconds a request may wait and run")
     verify_every: float = Field(60.0, ge=0, description="seconds between checks of the chain")
 
 

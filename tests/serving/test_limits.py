@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import threading
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from dpsql.engine.session import database_ledger, ledger_path, set_policy
 from dpsql.errors import LedgerError, SchemaError
 from dpsql.serving.app import create_app
 from dpsql.serving.limits import RateLimiter, ServerSettings
-from dpsql.serving.runner import EngineRunner, RunnerTimeout, _Watchdog
+from dpsql.serving.runner import EngineRunner, RunnerTimeout
 from dpsql.serving.tokens import TokenStore
 from tests.serving.conftest import demo_database
 
@@ -58,52 +57,6 @@ def test_a_timeout_after_the_charge_keeps_the_charge(tmp_path: Path) -> None:
         assert answer.for_analyst("alice").epsilon_spent == pytest.approx(0.1)
     finally:
         runner.close()
-
-
-def test_a_running_scan_is_interrupted_at_the_limit(tmp_path: Path) -> None:
-    """The watchdog stops DuckDB mid-scan; the worker's next call runs normally."""
-    database = demo_database(tmp_path)
-    runner = EngineRunner(database)
-    endless = "SELECT SUM(i) FROM range(10000000000000) AS t(i)"
-
-    def scan(session):
-        runner._backend._connection.execute(endless).fetchall()  # the runner's own backend
-
-    try:
-        asyncio.run(runner.run(lambda s: s.budget(), analyst="alice", timeout=30))
-        started = time.monotonic()
-        with pytest.raises(RunnerTimeout):
-            asyncio.run(runner.run(scan, analyst="alice", timeout=0.3))
-        assert time.monotonic() - started < 10  # stopped, not run to the end (hours)
-        answer = asyncio.run(
-            runner.run(
-                lambda s: s.execute("SELECT COUNT(*) FROM requests", epsilon=1.0).rows[0][0],
-                analyst="alice",
-                timeout=30,
-            )
-        )
-        assert abs(answer - 20_000) <= 40  # discrete Laplace of scale 1: |noise| > 40 w.p. e^-40
-    finally:
-        runner.close()
-
-
-def test_the_watchdog_fires_at_the_deadline_even_when_not_woken() -> None:
-    """A deadline after the watchdog's next wake-up is armed without waking it; it still fires
-    at the deadline, not before, and never after a disarm."""
-    fired = threading.Event()
-    dog = _Watchdog(fired.set, idle=0.05)
-    try:
-        time.sleep(0.1)
-        dog.arm(time.monotonic() + 0.4)
-        assert not fired.wait(0.2)
-        assert fired.wait(5)
-        assert dog.disarm() is True
-        fired.clear()
-        dog.arm(time.monotonic() + 0.2)
-        assert dog.disarm() is False
-        assert not fired.wait(0.4)
-    finally:
-        dog.close()
 
 
 def test_defects_are_500_without_details(tmp_path: Path, monkeypatch) -> None:
