@@ -59,6 +59,34 @@ def test_a_timeout_after_the_charge_keeps_the_charge(tmp_path: Path) -> None:
         runner.close()
 
 
+def test_a_running_scan_is_interrupted_at_the_limit(tmp_path: Path) -> None:
+    """A call past its limit is answered with a timeout and DuckDB is stopped mid-scan; the
+    worker's next call runs normally."""
+    database = demo_database(tmp_path)
+    runner = EngineRunner(database)
+    endless = "SELECT SUM(i) FROM range(10000000000000) AS t(i)"
+
+    def scan(session):
+        runner._backend._connection.execute(endless).fetchall()  # the runner's own backend
+
+    try:
+        asyncio.run(runner.run(lambda s: s.budget(), analyst="alice", timeout=30))
+        with pytest.raises(RunnerTimeout):
+            asyncio.run(runner.run(scan, analyst="alice", timeout=0.3))
+        started = time.monotonic()
+        answer = asyncio.run(
+            runner.run(
+                lambda s: s.execute("SELECT COUNT(*) FROM requests", epsilon=1.0).rows[0][0],
+                analyst="alice",
+                timeout=30,
+            )
+        )
+        assert time.monotonic() - started < 10  # the scan was stopped, not run out (hours)
+        assert abs(answer - 20_000) <= 40  # discrete Laplace of scale 1: |noise| > 40 w.p. e^-40
+    finally:
+        runner.close()
+
+
 def test_defects_are_500_without_details(tmp_path: Path, monkeypatch) -> None:
     database = demo_database(tmp_path)
     with TokenStore(database) as store:
