@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test harness
 import dpsql
 from dpsql.accountant.units import Cost
 from dpsql.engine.demo import DEMO_POLICY
-from tests.serving.conftest import Server, serve, stop
+from tests.serving.conftest import Server, demo_database, serve, stop
 from tests.serving.load import connection, hammer, query
 from tests.serving.test_concurrency import ADMITTED, CAPPED, EPSILON
 
@@ -38,16 +38,21 @@ ROOMY = DEMO_POLICY.replace("epsilon = 10.0", "epsilon = 1000000.0").replace(
 )
 
 
-def block_latencies(server: Server, repeats: int, block: int = 10) -> dict[str, list[float]]:
+def block_latencies(
+    server: Server, local_database: Path, repeats: int, block: int = 10
+) -> dict[str, list[float]]:
     """Queries through each client in turn, in blocks of ``block``, ``repeats`` per client: the
     local API, ``POST /v1/query`` on a keep-alive ``http.client`` connection, and the remote client
     ``dpsql.connect(url)`` (httpx). Blocks in rotating order spread load from elsewhere on the
     machine over all three alike; within a block the process answering is warm (alternating every
-    query would make each process re-read the ledger pages the other just wrote)."""
+    query would make each process re-read the ledger pages the other just wrote). The local API
+    reads ``local_database``, a copy of the service's data and policy with a ledger of its own: as
+    in either real set-up, one process writes each ledger (sharing one made every block start by
+    re-reading the pages the other process had written)."""
     body = {"sql": SQL, "epsilon": 0.001}
     kept = connection(server.url)
     with (
-        dpsql.connect(server.database, analyst="alice") as local,
+        dpsql.connect(local_database, analyst="alice") as local,
         dpsql.connect(server.url, token=server.alice) as remote,
     ):
 
@@ -88,7 +93,8 @@ def main() -> None:
         server = serve(Path(directory), *workers, policy=ROOMY, rows=args.rows)
         try:
             print(f"COUNT(*) over {args.rows} rows; service with {args.workers} worker(s)")
-            samples = block_latencies(server, args.per_client)
+            local_database = demo_database(Path(directory) / "local", ROOMY, args.rows)
+            samples = block_latencies(server, local_database, args.per_client)
             local_median = statistics.median(samples["local"])
             print(f"1 client, {args.per_client} queries each, in rotating blocks of 10:")
             print(f"  local Python API:              median {local_median * 1e3:.2f} ms")
