@@ -125,6 +125,12 @@ QUERIES: dict[str, tuple[str, str, str, dict[str, Any]]] = {
         ITEM_FLOOR,
         {"delta": DELTA},
     ),
+    "GROUP BY item (weighted)": (
+        "SELECT item, COUNT(*) AS n FROM events GROUP BY item",
+        "SELECT item, COUNT(*) AS n FROM events GROUP BY item",
+        ITEM_FLOOR,
+        {"delta": DELTA, "mechanism": "weighted"},
+    ),
     "GROUP BY item (combined)": (
         "SELECT item, COUNT(*) AS n FROM events GROUP BY item",
         "SELECT item, COUNT(*) AS n FROM events GROUP BY item",
