@@ -53,7 +53,6 @@ from dpsql.mechanisms import weighted_selection as ws
 from dpsql.mechanisms.hashing import as_key_array, fraction_in_open_unit
 from dpsql.mechanisms.random import resolve_rng
 from dpsql.mechanisms.threshold import (
-    _EXACT_LIMIT,
     Contribution,
     ThresholdRelease,
     _count_array,
@@ -152,13 +151,6 @@ def plan(
     )
 
 
-def _selected(weights: np.ndarray, sigma_squared: Fraction, tau: int, rng) -> np.ndarray:
-    """Indices of the keys with weight > 0 whose noisy weight reaches τ."""
-    present = np.flatnonzero(weights > 0)
-    noisy = weights[present] + dg.sample_discrete_gaussian(sigma_squared, present.size, rng)
-    return present[noisy >= tau]
-
-
 def release(
     keys: object,
     counts: object,
@@ -197,7 +189,7 @@ def release(
     if not _unique(key_array):
         raise ParameterError("keys must be distinct (aggregate counts per key first)")
     rng = resolve_rng(rng)
-    first = key_array[_selected(weight_array, chosen.first_sigma_squared, chosen.first_tau, rng)]
+    first = key_array[ws.selected(weight_array, chosen.first_sigma_squared, chosen.first_tau, rng)]
     second_keys, second_weights = second_round(first)
     second_kind, second_array = as_key_array(second_keys)
     second_weight_array = _count_array(second_weights, second_array.size)
@@ -206,34 +198,26 @@ def release(
     if not _unique(second_array):
         raise ParameterError("round 2's keys must be distinct")
     second = second_array[
-        _selected(second_weight_array, chosen.selection_sigma_squared, chosen.tau, rng)
+        ws.selected(second_weight_array, chosen.selection_sigma_squared, chosen.tau, rng)
     ]
     # A round-1 key the round-2 read did not leave out (another database's comparison) is
     # released once: any public set of left-out keys keeps round 2 private, and this is
     # post-processing of both rounds' outputs.
     second = second[~_within(second, first)]
     selected = np.concatenate([first, second])
-    selected = selected[rng.permutation(selected.size)]
-    position = {key: index for index, key in enumerate(key_array.tolist())}
-    true = np.array(
-        [count_array[position[k]] if k in position else 0 for k in selected.tolist()],
-        dtype=np.int64,
-    )
-    noise = dg.sample_discrete_gaussian(chosen.count_sigma_squared, selected.size, rng)
-    return ThresholdRelease(
-        keys=selected,
-        values=np.clip(true + noise, -_EXACT_LIMIT, _EXACT_LIMIT),
-        tau=chosen.tau,
-        scale=chosen.scale,
-        epsilon=float(epsilon),
-        delta=chosen.delta,
-        max_groups_per_unit=bounds.max_groups_per_unit,
-        max_rows_per_group=bounds.max_rows_per_group,
-        max_rows_per_unit=bounds.max_rows_per_unit,
-        key_kind=kind,
-        half_width=dg.interval_half_width(chosen.count_sigma_squared, confidence),
+    position = pd.Index(key_array).get_indexer(selected)
+    true = np.zeros(selected.size, dtype=np.int64)
+    true[position >= 0] = count_array[position[position >= 0]]
+    return ws.counted(
+        selected,
+        true,
+        chosen,
+        kind=kind,
+        epsilon=epsilon,
+        bounds=bounds,
         confidence=confidence,
         mechanism="mad2r",
+        rng=rng,
     )
 
 

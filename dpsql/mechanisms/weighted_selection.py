@@ -271,17 +271,49 @@ def release(
     if not _unique(key_array):
         raise ParameterError("keys must be distinct (aggregate counts per key first)")
     rng = resolve_rng(rng)
-    present = np.flatnonzero(weight_array > 0)
-    noisy_weight = weight_array[present] + dg.sample_discrete_gaussian(
-        chosen.selection_sigma_squared, present.size, rng
+    chosen_keys = selected(weight_array, chosen.selection_sigma_squared, chosen.tau, rng)
+    return counted(
+        key_array[chosen_keys],
+        count_array[chosen_keys],
+        chosen,
+        kind=kind,
+        epsilon=epsilon,
+        bounds=bounds,
+        confidence=confidence,
+        mechanism="weighted",
+        rng=rng,
     )
-    selected = present[noisy_weight >= chosen.tau]
-    selected = selected[rng.permutation(selected.size)]
-    noise = dg.sample_discrete_gaussian(chosen.count_sigma_squared, selected.size, rng)
-    values = np.clip(count_array[selected] + noise, -_EXACT_LIMIT, _EXACT_LIMIT)
+
+
+def selected(
+    weights: np.ndarray, sigma_squared: Fraction, tau: int, rng: np.random.Generator
+) -> np.ndarray:
+    """Indices of the keys with weight > 0 whose weight plus discrete Gaussian noise of
+    variance ``sigma_squared`` reaches ``tau``."""
+    present = np.flatnonzero(weights > 0)
+    noisy = weights[present] + dg.sample_discrete_gaussian(sigma_squared, present.size, rng)
+    return present[noisy >= tau]
+
+
+def counted(
+    keys: np.ndarray,
+    counts: np.ndarray,
+    chosen: WeightedPlan,
+    *,
+    kind: str,
+    epsilon: float,
+    bounds: Contribution,
+    confidence: float,
+    mechanism: str,
+    rng: np.random.Generator,
+) -> ThresholdRelease:
+    """The selected ``keys`` in random order, with their bounded ``counts`` released separately
+    under discrete Gaussian noise of variance ``chosen.count_sigma_squared``."""
+    order = rng.permutation(keys.size)
+    noise = dg.sample_discrete_gaussian(chosen.count_sigma_squared, keys.size, rng)
     return ThresholdRelease(
-        keys=key_array[selected],
-        values=values,
+        keys=keys[order],
+        values=np.clip(counts[order] + noise, -_EXACT_LIMIT, _EXACT_LIMIT),
         tau=chosen.tau,
         scale=chosen.scale,
         epsilon=float(epsilon),
@@ -292,5 +324,5 @@ def release(
         key_kind=kind,
         half_width=dg.interval_half_width(chosen.count_sigma_squared, confidence),
         confidence=confidence,
-        mechanism="weighted",
+        mechanism=mechanism,
     )

@@ -117,9 +117,9 @@ def _run(second_weights, *, sigma_squared=None, tau_shift=0, seed=21):
             epsilon=1.0, delta=DELTA, bounds=BOUNDS, rng=rng,
         )  # fmt: skip
         return out.keys, chosen
-    first = all_keys[ad._selected(round_one, chosen.first_sigma_squared, chosen.first_tau, rng)]
+    first = all_keys[ws.selected(round_one, chosen.first_sigma_squared, chosen.first_tau, rng)]
     second_keys, second = second_weights(units, keys, first, chosen.weights)
-    picked = ad._selected(
+    picked = ws.selected(
         second, sigma_squared or chosen.selection_sigma_squared, chosen.tau + tau_shift, rng
     )
     return np.concatenate([first, second_keys[picked]]), chosen
@@ -162,7 +162,7 @@ def test_round_two_noise_has_the_planned_sigma(wrong, ok) -> None:
     size = 400_000
     weights = np.full(size, chosen.tau - gap, dtype=np.int64)
     sigma_squared = base.selection_sigma_squared if wrong else chosen.selection_sigma_squared
-    rate = ad._selected(weights, sigma_squared, chosen.tau, _rng(5)).size / size
+    rate = ws.selected(weights, sigma_squared, chosen.tau, _rng(5)).size / size
     expected = dg.tail_at_least(gap, chosen.selection_sigma_squared)
     assert (abs(rate - expected) <= Z * math.sqrt(expected * (1 - expected) / size)) == ok
 
