@@ -183,11 +183,7 @@ def release(
     chosen = plan(epsilon, delta, bounds, selection_share, first_share)
     if chosen is None:
         raise ParameterError(f"no adaptive selection meets delta={delta} at epsilon={epsilon}")
-    kind, key_array = as_key_array(keys)
-    count_array = _count_array(counts, key_array.size)
-    weight_array = _count_array(weights, key_array.size)
-    if not _unique(key_array):
-        raise ParameterError("keys must be distinct (aggregate counts per key first)")
+    kind, key_array, count_array, weight_array = ws.inputs(keys, counts, weights)
     rng = resolve_rng(rng)
     first = key_array[ws.selected(weight_array, chosen.first_sigma_squared, chosen.first_tau, rng)]
     second_keys, second_weights = second_round(first)

@@ -265,11 +265,7 @@ def release(
     chosen = plan(epsilon, delta, bounds, selection_share)
     if chosen is None:
         raise ParameterError(f"no weighted selection meets delta={delta} at epsilon={epsilon}")
-    kind, key_array = as_key_array(keys)
-    count_array = _count_array(counts, key_array.size)
-    weight_array = _count_array(weights, key_array.size)
-    if not _unique(key_array):
-        raise ParameterError("keys must be distinct (aggregate counts per key first)")
+    kind, key_array, count_array, weight_array = inputs(keys, counts, weights)
     rng = resolve_rng(rng)
     chosen_keys = selected(weight_array, chosen.selection_sigma_squared, chosen.tau, rng)
     return counted(
@@ -283,6 +279,19 @@ def release(
         mechanism="weighted",
         rng=rng,
     )
+
+
+def inputs(
+    keys: object, counts: object, weights: object
+) -> tuple[str, np.ndarray, np.ndarray, np.ndarray]:
+    """The keys' kind and array, and their counts and summed weights as integer arrays of the
+    same length; refused unless the keys are distinct."""
+    kind, key_array = as_key_array(keys)
+    count_array = _count_array(counts, key_array.size)
+    weight_array = _count_array(weights, key_array.size)
+    if not _unique(key_array):
+        raise ParameterError("keys must be distinct (aggregate counts per key first)")
+    return kind, key_array, count_array, weight_array
 
 
 def selected(
