@@ -6,7 +6,7 @@ this process; then correctness at the cap: 16 clients x 50 queries against a cap
 exactly K. Every loop is bounded; the script stops by itself.
 
     .venv/bin/python benchmarks/bench_serve.py [--rows 100000] [--per-client 200] [--repeats 60]
-        [--workers 2]
+        [--workers 2] [--runs 1] [--pause-ms 1.0]
 
 The 1-client latency takes the three clients (local API, HTTP, remote client) in rotating blocks
 of 10 queries, so load from elsewhere on the machine slows all three alike; the concurrency
@@ -39,7 +39,7 @@ ROOMY = DEMO_POLICY.replace("epsilon = 10.0", "epsilon = 1000000.0").replace(
 
 
 def block_latencies(
-    server: Server, local_database: Path, repeats: int, block: int = 10
+    server: Server, local_database: Path, repeats: int, pause: float, block: int = 10
 ) -> dict[str, list[float]]:
     """Queries through each client in turn, in blocks of ``block``, ``repeats`` per client: the
     local API, ``POST /v1/query`` on a keep-alive ``http.client`` connection, and the remote client
@@ -48,7 +48,13 @@ def block_latencies(
     query would make each process re-read the ledger pages the other just wrote). The local API
     reads ``local_database``, a copy of the service's data and policy with a ledger of its own: as
     in either real set-up, one process writes each ledger (sharing one made every block start by
-    re-reading the pages the other process had written)."""
+    re-reading the pages the other process had written).
+
+    A fourth client, "paused", is the local API again with ``pause`` seconds of idleness (not
+    timed) before each query: what the service's engine thread sees between two queries, while
+    the answer and the next request cross the network. It measures how much of the service's
+    added latency is the machine's cost of waking an idle thread and CPU rather than the service's
+    own work."""
     body = {"sql": SQL, "epsilon": 0.001}
     kept = connection(server.url)
     with (
@@ -63,15 +69,18 @@ def block_latencies(
             "local": lambda: local.execute(SQL, epsilon=0.001),
             "http": over_http,
             "remote": lambda: remote.execute(SQL, epsilon=0.001),
+            "paused": lambda: local.execute(SQL, epsilon=0.001),
         }
         samples: dict[str, list[float]] = {name: [] for name in clients}
         rounds = max(1, repeats // block)
         for turn in range(rounds):
             names = list(clients)
-            names = names[turn % 3 :] + names[: turn % 3]  # no client always goes first
+            names = names[turn % len(names) :] + names[: turn % len(names)]  # none always first
             for name in names:
                 clients[name]()  # the first query of a block warms the process up
                 for _ in range(block):
+                    if name == "paused":
+                        time.sleep(pause)
                     began = time.perf_counter()
                     clients[name]()
                     samples[name].append(time.perf_counter() - began)
@@ -87,6 +96,12 @@ def main() -> None:
         "--per-client", type=int, default=200, help="queries per client at 1 client"
     )
     parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument(
+        "--runs", type=int, default=1, help="1-client latency runs (each its own ratio)"
+    )
+    parser.add_argument(
+        "--pause-ms", type=float, default=1.0, help="idleness before each 'paused' local query"
+    )
     args = parser.parse_args()
     workers = ("--workers", str(args.workers), "--rate-limit", "1000000")
     with tempfile.TemporaryDirectory() as directory:
@@ -94,19 +109,34 @@ def main() -> None:
         try:
             print(f"COUNT(*) over {args.rows} rows; service with {args.workers} worker(s)")
             local_database = demo_database(Path(directory) / "local", ROOMY, args.rows)
-            samples = block_latencies(server, local_database, args.per_client)
-            local_median = statistics.median(samples["local"])
-            print(f"1 client, {args.per_client} queries each, in rotating blocks of 10:")
-            print(f"  local Python API:              median {local_median * 1e3:.2f} ms")
-            for name, label in (
-                ("http", "POST /v1/query (http.client)"),
-                ("remote", "dpsql.connect(url) (httpx)"),
-            ):
-                median = statistics.median(samples[name])
-                added = median - local_median
+            ratios = []
+            for run in range(args.runs):
+                samples = block_latencies(
+                    server, local_database, args.per_client, args.pause_ms / 1e3
+                )
+                local_median = statistics.median(samples["local"])
+                ratios.append(statistics.median(samples["http"]) / local_median)
                 print(
-                    f"  {label + ':':31s}median {median * 1e3:.2f} ms = "
-                    f"{median / local_median:.3f} x local (adds {added * 1e3:.2f} ms)"
+                    f"1 client, {args.per_client} queries each, in rotating blocks of 10"
+                    + (f" (run {run + 1} of {args.runs}):" if args.runs > 1 else ":")
+                )
+                print(f"  local Python API:              median {local_median * 1e3:.2f} ms")
+                for name, label in (
+                    ("http", "POST /v1/query (http.client)"),
+                    ("remote", "dpsql.connect(url) (httpx)"),
+                    ("paused", f"local, {args.pause_ms:g} ms idle before"),
+                ):
+                    median = statistics.median(samples[name])
+                    added = median - local_median
+                    print(
+                        f"  {label + ':':31s}median {median * 1e3:.2f} ms = "
+                        f"{median / local_median:.3f} x local (adds {added * 1e3:.2f} ms)"
+                    )
+            if args.runs > 1:
+                print(
+                    "POST /v1/query / local, per run: "
+                    + ", ".join(f"{r:.3f}" for r in ratios)
+                    + f"; median of runs {statistics.median(ratios):.3f}"
                 )
             body = {"sql": SQL, "epsilon": 0.001}
             print("POST /v1/query with http.client keep-alive connections:")
