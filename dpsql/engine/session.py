@@ -196,7 +196,8 @@ class Session:
 
     ``progress`` (see ``dpsql.engine.progress``) is told the stages of ``execute`` after the
     charge: "reading data" (with the backend's estimate when its ``run`` takes ``progress``),
-    then "building <mechanism> release" or "adding noise", then "done". The default DuckDB
+    then "building <mechanism> release" or "adding noise", then "done" (``mad2r`` also reports
+    "aggregating cells" and "reading round 2"). The default DuckDB
     backend's memory limit is the policy's (``[dataset] memory_limit``), never the caller's: a
     limit an analyst could choose would let one person's rows decide whether a query fails.
     """

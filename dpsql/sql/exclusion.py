@@ -61,32 +61,29 @@ def second_round_weights(cells: str, found: str, column: str, weights: Sequence[
     ``weights`` are ``w_1..w_K``.
 
     >>> sql = second_round_weights("c", "f", "url", (128, 90))
-    >>> "__group_rank <= 2 + COALESCE" in sql, sql.count("c")  > 0
+    >>> "ANTI JOIN \"f\"" in sql, "__group_rank <= 2 + COALESCE(s.__shift, 0)" in sql
     (True, True)
     """
     cells_table, found_table = _quoted(cells), _quoted(found)
     cut = len(weights)
-    marked = (
-        f"marked AS (SELECT __unit, __key0, __group_rank, __unit_keys, "
-        f"__key0 IN (SELECT {_quoted(FOUND_COLUMN)} FROM {found_table}) AS __found "
-        f"FROM {cells_table})"
-    )
+    on = f"__key0 = {_quoted(FOUND_COLUMN)}"
     # Each released cell's number of other cells before it in its unit's order (r_j - j).
-    before = (
+    hits = (
         "hits AS (SELECT __unit, __group_rank - ROW_NUMBER() OVER (PARTITION BY __unit "
-        "ORDER BY __group_rank) AS __before FROM marked WHERE __found)"
+        f"ORDER BY __group_rank) AS __before FROM {cells_table} SEMI JOIN {found_table} ON {on})"
     )
     shifts = (
         f"shifts AS (SELECT __unit, COUNT(*) AS __found_keys, "
         f"COUNT(*) FILTER (WHERE __before < {cut}) AS __shift FROM hits GROUP BY __unit)"
     )
+    others = f"(SELECT * FROM {cells_table} ANTI JOIN {found_table} ON {on}) AS m"
     kept = (
         f"kept AS (SELECT m.__key0, LEAST(m.__unit_keys - COALESCE(s.__found_keys, 0), {cut}) "
-        f"AS __m FROM marked AS m LEFT JOIN shifts AS s ON m.__unit = s.__unit "
-        f"WHERE NOT m.__found AND m.__group_rank <= {cut} + COALESCE(s.__shift, 0))"
+        f"AS __m FROM {others} LEFT JOIN shifts AS s ON m.__unit = s.__unit "
+        f"WHERE m.__group_rank <= {cut} + COALESCE(s.__shift, 0))"
     )
     return (
-        f"WITH {marked}, {before}, {shifts}, {kept} SELECT __key0 AS {_quoted(column)}, "
+        f"WITH {hits}, {shifts}, {kept} SELECT __key0 AS {_quoted(column)}, "
         f"CAST(SUM({unit_weight('__m', weights)}) AS BIGINT) AS {_quoted('weight')} "
         "FROM kept GROUP BY __key0"
     )
