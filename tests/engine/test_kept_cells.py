@@ -163,3 +163,15 @@ def test_sessions_sharing_a_backend_use_their_own_tables_which_analysts_cannot_s
     first.close()
     second.close()
     backend.close()
+
+
+def test_nothing_is_left_when_materialising_the_cells_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    database = make_database(tmp_path / "v.duckdb", {"visits": _visits(True)}, POLICY)
+    backend = DuckDBBackend(database)
+    monkeypatch.setattr(session_module, "ranked_cells", lambda *a, **k: "SELECT 1 / 'x'")
+    with _session(database, backend, 7) as db:
+        with pytest.raises(ExecutionError):
+            _release(db)
+        assert _leftovers(backend) == []
