@@ -86,6 +86,8 @@ class DuckDBBackend:
         self._catalog: dict[str, dict[str, str]] | None = None
         self._registered: dict[str, object] = {}
         self._spill: tempfile.TemporaryDirectory[str] | None = None
+        self._undropped: list[tuple[str, bool]] = []
+        """Scratch tables (True) and registered values (False) whose drop failed: retried."""
         if self.path is not None and not self.path.is_file():
             raise ParameterError(f"database file {str(self.path)!r} does not exist")
         config = dict(DUCKDB_CONFIG)
@@ -273,12 +275,19 @@ class DuckDBBackend:
         """Private temporary tables for one query, dropped when the block ends, however it
         ends (an error, an interrupt). Each gets a fresh random name under
         :data:`SCRATCH_PREFIX`, so queries of sessions sharing this backend never meet, and the
-        catalog (hence every analyst) never sees them."""
+        catalog (hence every analyst) never sees them. One whose drop fails (the connection
+        interrupted meanwhile) is dropped at the start of the next scratch."""
+        self._drop_undropped()
         scratch = Scratch(self)
         try:
             yield scratch
         finally:
             scratch.drop()
+
+    def _drop_undropped(self) -> None:
+        for name, table in list(self._undropped):
+            if _dropped(self._connection, name, table):
+                self._undropped.remove((name, table))
 
     def close(self) -> None:
         self._connection.close()
@@ -295,13 +304,12 @@ class Scratch:
 
     def __init__(self, backend: DuckDBBackend):
         self.backend = backend
-        self._tables: list[str] = []
-        self._values: list[str] = []
+        self._made: list[tuple[str, bool]] = []
 
     def table(self, sql: str, progress: Progress | None = None) -> str:
         """Materialise what generated ``sql`` selects as a temporary table; its name."""
         name = _scratch_name()
-        self._tables.append(name)
+        self._made.append((name, True))
         self.backend.run(f"CREATE TEMP TABLE {_quoted(name)} AS {sql}", progress)
         return name
 
@@ -314,7 +322,7 @@ class Scratch:
             self.backend._connection.register(name, pd.DataFrame({column: series}))
         except duckdb.Error:
             raise ExecutionError(FAILED_AFTER_CHARGE) from None
-        self._values.append(name)
+        self._made.append((name, False))
         return name
 
     def run(self, sql: str, progress: Progress | None = None) -> pd.DataFrame:
@@ -322,14 +330,30 @@ class Scratch:
         return self.backend.run(sql, progress)
 
     def drop(self) -> None:
-        """Drop every table made here (those a failed statement never created included)."""
-        connection = self.backend._connection
-        while self._values:
-            with contextlib.suppress(duckdb.Error):
-                connection.unregister(self._values.pop())
-        while self._tables:
-            with contextlib.suppress(duckdb.Error):
-                connection.execute(f"DROP TABLE IF EXISTS temp.main.{_quoted(self._tables.pop())}")
+        """Drop every table made here (those a failed statement never created included); the
+        backend keeps those it could not drop, and the rest if this is interrupted."""
+        made, self._made = self._made, []
+        while made:
+            try:
+                gone = _dropped(self.backend._connection, *made[0])
+            except BaseException:
+                self.backend._undropped.extend(made)
+                raise
+            left = made.pop(0)
+            if not gone:
+                self.backend._undropped.append(left)
+
+
+def _dropped(connection: duckdb.DuckDBPyConnection, name: str, table: bool) -> bool:
+    """Whether scratch table (or registered values) ``name`` is gone after dropping it."""
+    try:
+        if table:
+            connection.execute(f"DROP TABLE IF EXISTS temp.main.{_quoted(name)}")
+        else:
+            connection.unregister(name)
+    except duckdb.Error:
+        return False
+    return True
 
 
 def _scratch_name() -> str:
