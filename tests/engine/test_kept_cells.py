@@ -175,3 +175,22 @@ def test_nothing_is_left_when_materialising_the_cells_fails(
         with pytest.raises(ExecutionError):
             _release(db)
         assert _leftovers(backend) == []
+
+
+def test_a_progress_callback_sees_the_stages_and_the_cells_are_dropped(tmp_path: Path) -> None:
+    """With a callback, DuckDB runs each statement (the materialising one too) in a worker
+    thread that reports its progress."""
+    database = make_database(tmp_path / "v.duckdb", {"visits": _visits(False)}, POLICY)
+    backend = DuckDBBackend(database)
+    stages: list[str] = []
+    with _session(database, backend, 8) as db:
+        db.progress = lambda stage, fraction: stages.append(stage)
+        assert _release(db).mechanism == "mad2r"
+        assert _leftovers(backend) == []
+    assert list(dict.fromkeys(stages)) == [
+        "reading data",
+        "aggregating cells",
+        "building mad2r release",
+        "reading round 2",
+        "done",
+    ]
