@@ -71,7 +71,7 @@ def _both_rounds(frame: pd.DataFrame, kind: ColumnKind, cut: int, salt: int, fou
     from dpsql.engine.backends import DuckDBBackend
     from dpsql.mechanisms.weighted_selection import unit_weights
     from dpsql.sql.exclusion import FOUND_COLUMN, second_round_weights
-    from dpsql.sql.generate import Bounds, bounded_aggregate, ranked_cells
+    from dpsql.sql.generate import Bounds, Measure, MeasureKind, bounded_aggregate, ranked_cells
 
     type_name = "VARCHAR" if kind is ColumnKind.STRING else "BIGINT"
     columns = {"k": kind, "uid": ColumnKind.INTEGER}
@@ -80,12 +80,17 @@ def _both_rounds(frame: pd.DataFrame, kind: ColumnKind, cut: int, salt: int, fou
     bounds = Bounds("uid", cut, 2, cut + salt % (2 * cut))
     weights = unit_weights(cut)
     common = {"measures": [], "bounds": bounds, "public_keys": {}, "salt": salt, "weights": weights}
+    counted = {**common, "measures": [Measure("n", MeasureKind.ROWS)]}
     backend = DuckDBBackend(None)
     backend.register("t", frame.astype({"k": "string" if kind is ColumnKind.STRING else "int64"}))
     try:
         today = backend.run(bounded_aggregate(without_keys(shape, "k", found), **common))
+        first = backend.run(bounded_aggregate(shape, **counted))
         with backend.scratch() as scratch:
-            cells = scratch.table(ranked_cells(shape, **common))
+            cells = scratch.table(ranked_cells(shape, **counted))
+            # Round 1 itself, read from the cells: the same counts and weights.
+            again = backend.run(bounded_aggregate(shape, **counted, cells_table=cells))
+            assert _rows_of(again) == _rows_of(first)
             values = np.array(found, dtype=object if kind is ColumnKind.STRING else np.int64)
             keys = scratch.values(FOUND_COLUMN, values, text=kind is ColumnKind.STRING)
             kept = backend.run(second_round_weights(cells, keys, "k", weights))
@@ -97,6 +102,10 @@ def _both_rounds(frame: pd.DataFrame, kind: ColumnKind, cut: int, salt: int, fou
         backend.close()
     assert left.empty, "the scratch tables outlive their block"
     return _weights(today), _weights(kept)
+
+
+def _rows_of(frame: pd.DataFrame) -> set:
+    return set(frame.itertuples(index=False, name=None))
 
 
 def _weights(frame: pd.DataFrame) -> dict:
