@@ -656,12 +656,8 @@ class Session:
         ``cells_table``)."""
         return bounded_aggregate(
             plan.shape,
-            measures=[m.measure for m in plan.measurements],
-            bounds=plan.bounds,
-            public_keys=plan.key_literals,
-            salt=salt,
+            **_aggregation(plan, salt),
             dialect=self.backend.dialect,
-            weights=unit_weights_of(plan),
             cells_table=cells_table,
         )
 
@@ -686,15 +682,7 @@ class Session:
         weights = unit_weights_of(plan)
         assert weights is not None
         cells = scratch.table(
-            ranked_cells(
-                plan.shape,
-                measures=[m.measure for m in plan.measurements],
-                bounds=plan.bounds,
-                public_keys=plan.key_literals,
-                salt=salt,
-                weights=weights,
-            ),
-            self._reporting(READING_DATA),
+            ranked_cells(plan.shape, **_aggregation(plan, salt)), self._reporting(READING_DATA)
         )
         frame = self._read(self._bounded(plan, salt, cells_table=cells), "aggregating cells")
         text = plan.shape.columns[release.column] is ColumnKind.STRING
@@ -978,6 +966,17 @@ def _shown_errors(plan: QueryPlan) -> dict[str, float | None]:
         name: errors.get(post.copies[name]) if name in post.copies else None
         for name in post.columns
         if name in post.copies or name in post.exact or name in post.derived
+    }
+
+
+def _aggregation(plan: QueryPlan, salt: int) -> dict[str, Any]:
+    """The arguments of the plan's bounded aggregation besides its shape and dialect."""
+    return {
+        "measures": [m.measure for m in plan.measurements],
+        "bounds": plan.bounds,
+        "public_keys": plan.key_literals,
+        "salt": salt,
+        "weights": unit_weights_of(plan),
     }
 
 
