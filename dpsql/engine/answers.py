@@ -276,7 +276,8 @@ def key_answer(
         assert spec.weighted is not None and second_round is not None
 
         def round_two(found: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-            second = second_round(found)
+            # Sorted as round 1's keys are: a seeded generator then reproduces round 2's noise.
+            second = second_round(found).sort_values(column, kind="stable", ignore_index=True)
             values = second[column].to_numpy(dtype=keys.dtype)
             return values, second["weight"].to_numpy(dtype=np.int64)
 

@@ -7,13 +7,16 @@ charging), and what a generated, already-charged query returns. It never sees th
 
 from __future__ import annotations
 
+import contextlib
 import re
 import tempfile
-from collections.abc import Iterable
+import uuid
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Protocol
 
 import duckdb
+import numpy as np
 import pandas as pd
 from sqlglot import exp
 
@@ -22,7 +25,7 @@ from dpsql.engine.progress import Progress, run_duckdb
 from dpsql.engine.sources import FileSource, allowed_files, policy_sources
 from dpsql.errors import FAILED_AFTER_CHARGE, ExecutionError, ParameterError, PolicyError
 
-__all__ = ["DUCKDB_CONFIG", "Backend", "DuckDBBackend"]
+__all__ = ["DUCKDB_CONFIG", "SCRATCH_PREFIX", "Backend", "DuckDBBackend", "Scratch"]
 
 DUCKDB_CONFIG = {
     "enable_external_access": False,
@@ -30,6 +33,10 @@ DUCKDB_CONFIG = {
     "autoload_known_extensions": False,
 }
 """How dpsql opens a database: no file or network access beyond the database itself."""
+
+SCRATCH_PREFIX = "__dpsql_scratch_"
+"""Names of a query's private temporary tables (``DuckDBBackend.scratch``): never in the catalog,
+and refused by ``register``."""
 
 
 class Backend(Protocol):
@@ -79,6 +86,8 @@ class DuckDBBackend:
         self._catalog: dict[str, dict[str, str]] | None = None
         self._registered: dict[str, object] = {}
         self._spill: tempfile.TemporaryDirectory[str] | None = None
+        self._undropped: list[tuple[str, bool]] = []
+        """Scratch tables (True) and registered values (False) whose drop failed: retried."""
         if self.path is not None and not self.path.is_file():
             raise ParameterError(f"database file {str(self.path)!r} does not exist")
         config = dict(DUCKDB_CONFIG)
@@ -217,6 +226,8 @@ class DuckDBBackend:
         """
         if not isinstance(name, str) or not name:
             raise ParameterError(f"name must be a non-empty table name, got {name!r}")
+        if name.lower().startswith(SCRATCH_PREFIX):
+            raise ParameterError(f"table names starting with {SCRATCH_PREFIX!r} are dpsql's own")
         if name.lower() in {table.lower() for table in self.catalog()}:
             raise ParameterError(f"a table named {name!r} already exists; choose another name")
         try:
@@ -242,7 +253,8 @@ class DuckDBBackend:
         ).fetchall()
         tables: dict[str, dict[str, str]] = {}
         for table, column, type_name in rows:
-            tables.setdefault(table, {})[column] = type_name
+            if not table.lower().startswith(SCRATCH_PREFIX):
+                tables.setdefault(table, {})[column] = type_name
         return tables
 
     def run(self, sql: str, progress: Progress | None = None) -> pd.DataFrame:
@@ -258,6 +270,25 @@ class DuckDBBackend:
         # may quote row values) or its class (which may depend on them).
         raise ExecutionError(FAILED_AFTER_CHARGE)
 
+    @contextlib.contextmanager
+    def scratch(self) -> Iterator[Scratch]:
+        """Private temporary tables for one query, dropped when the block ends, however it
+        ends (an error, an interrupt). Each gets a fresh random name under
+        :data:`SCRATCH_PREFIX`, so queries of sessions sharing this backend never meet, and the
+        catalog (hence every analyst) never sees them. One whose drop fails (the connection
+        interrupted meanwhile) is dropped at the start of the next scratch."""
+        self._drop_undropped()
+        scratch = Scratch(self)
+        try:
+            yield scratch
+        finally:
+            scratch.drop()
+
+    def _drop_undropped(self) -> None:
+        for name, table in list(self._undropped):
+            if _dropped(self._connection, name, table):
+                self._undropped.remove((name, table))
+
     def close(self) -> None:
         self._connection.close()
         self._remove_spill()
@@ -266,6 +297,67 @@ class DuckDBBackend:
         if self._spill is not None:
             self._spill.cleanup()
             self._spill = None
+
+
+class Scratch:
+    """One query's temporary tables on a ``DuckDBBackend`` (see ``DuckDBBackend.scratch``)."""
+
+    def __init__(self, backend: DuckDBBackend):
+        self.backend = backend
+        self._made: list[tuple[str, bool]] = []
+
+    def table(self, sql: str, progress: Progress | None = None) -> str:
+        """Materialise what generated ``sql`` selects as a temporary table; its name."""
+        name = _scratch_name()
+        self._made.append((name, True))
+        self.backend.run(f"CREATE TEMP TABLE {_quoted(name)} AS {sql}", progress)
+        return name
+
+    def values(self, column: str, values: np.ndarray, *, text: bool) -> str:
+        """``values`` as a one-column table (text, or 64-bit integers), read where queries run:
+        the database compares them in its own semantics, and no value is written into SQL."""
+        name = _scratch_name()
+        series = pd.Series(values, dtype="string" if text else "int64")
+        try:
+            self.backend._connection.register(name, pd.DataFrame({column: series}))
+        except duckdb.Error:
+            raise ExecutionError(FAILED_AFTER_CHARGE) from None
+        self._made.append((name, False))
+        return name
+
+    def run(self, sql: str, progress: Progress | None = None) -> pd.DataFrame:
+        """The backend's rows for generated ``sql`` (which may read this scratch's tables)."""
+        return self.backend.run(sql, progress)
+
+    def drop(self) -> None:
+        """Drop every table made here (those a failed statement never created included); the
+        backend keeps those it could not drop, and the rest if this is interrupted."""
+        made, self._made = self._made, []
+        while made:
+            try:
+                gone = _dropped(self.backend._connection, *made[0])
+            except BaseException:
+                self.backend._undropped.extend(made)
+                raise
+            left = made.pop(0)
+            if not gone:
+                self.backend._undropped.append(left)
+
+
+def _dropped(connection: duckdb.DuckDBPyConnection, name: str, table: bool) -> bool:
+    """Whether scratch table (or registered values) ``name`` is gone after dropping it."""
+    try:
+        if table:
+            connection.execute(f"DROP TABLE IF EXISTS temp.main.{_quoted(name)}")
+        else:
+            connection.unregister(name)
+    except duckdb.Error:
+        return False
+    return True
+
+
+def _scratch_name() -> str:
+    return f"{SCRATCH_PREFIX}{uuid.uuid4().hex}"
 
 
 _ATTACHED = "__dpsql_database"

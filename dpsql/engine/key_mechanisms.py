@@ -25,10 +25,11 @@ public reference where half of those persons' keys are released in round 1 (roun
 the remaining ``⌈m/2⌉`` keys ``w_⌈m/2⌉``) it needs at least :data:`WEIGHTED_MARGIN` fewer. Its
 gain is data-dependent (how many of a person's keys are heavy) and nothing proves it never
 releases fewer keys; (a) bounds what it can lose, (b) says it pays where heavy keys exist, as in
-every benchmark table (``docs/partition_selection.md``). Its round 2 is a second read of the
-data. Everything is computed from ε, δ and the policy alone, never from the data, and costs no
-privacy; ``EXPLAIN`` shows the numbers. With δ = 0 (a declared ``key_domain``) only pure-DP
-mechanisms qualify: the combined threshold + ALP synopsis.
+every benchmark table (``docs/partition_selection.md``). On DuckDB its round 2 reads round 1's
+ranked cells, kept for the query, not the rows (other backends read the rows again). Everything
+is computed from ε, δ and the policy alone, never from the data, and costs no privacy;
+``EXPLAIN`` shows the numbers. With δ = 0 (a declared ``key_domain``) only pure-DP mechanisms
+qualify: the combined threshold + ALP synopsis.
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ ADAPTIVE_WORST_LOSS = 0.05
 """mad2r replaces weighted selection only if its worst case needs at most this share more."""
 
 ADAPTIVE_DEFAULT = True
-"""Whether the default may pick mad2r (it reads the data twice: False keeps one read)."""
+"""Whether the default may pick mad2r (False: weighted selection, one round and no kept cells)."""
 
 
 @dataclass(frozen=True)

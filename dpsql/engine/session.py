@@ -34,7 +34,7 @@ from dpsql.engine.answers import (
     quantile_answer,
     range_answer,
 )
-from dpsql.engine.backends import Backend, DuckDBBackend
+from dpsql.engine.backends import Backend, DuckDBBackend, Scratch
 from dpsql.engine.contributions import contribution_answer, plan_contributions
 from dpsql.engine.derived import post_processed
 from dpsql.engine.literals import Binder, BoundShape
@@ -79,7 +79,7 @@ from dpsql.mechanisms import svt
 from dpsql.mechanisms.combined import CombinedRelease
 from dpsql.mechanisms.random import session_generator
 from dpsql.sql.analyze import analyze
-from dpsql.sql.exclusion import without_keys
+from dpsql.sql.exclusion import FOUND_COLUMN, second_round_weights, without_keys
 from dpsql.sql.expressions import explained
 from dpsql.sql.generate import (
     Histogram,
@@ -89,6 +89,7 @@ from dpsql.sql.generate import (
     public_groups,
     range_counts,
     ranges_per_group,
+    ranked_cells,
 )
 from dpsql.sql.parse import parse, refusing_deep_recursion
 from dpsql.sql.shape import ColumnKind, QueryShape
@@ -195,7 +196,8 @@ class Session:
 
     ``progress`` (see ``dpsql.engine.progress``) is told the stages of ``execute`` after the
     charge: "reading data" (with the backend's estimate when its ``run`` takes ``progress``),
-    then "building <mechanism> release" or "adding noise", then "done". The default DuckDB
+    then "building <mechanism> release" or "adding noise", then "done" (``mad2r`` also reports
+    "aggregating cells" and "reading round 2"). The default DuckDB
     backend's memory limit is the policy's (``[dataset] memory_limit``), never the caller's: a
     limit an analyst could choose would let one person's rows decide whether a query fails.
     """
@@ -622,38 +624,80 @@ class Session:
         if plan.auto_bounds is not None:
             plan, details = self._with_automatic_bounds(plan)
         salt = int(self.rng.integers(0, 2**62))
-        generated = bounded_aggregate(
-            plan.shape,
-            measures=[m.measure for m in plan.measurements],
-            bounds=plan.bounds,
-            public_keys=plan.key_literals,
-            salt=salt,
-            dialect=self.backend.dialect,
-            weights=unit_weights_of(plan),
-        )
-        frame = self._read(generated)
         if plan.key_release is not None:
-            progress(f"building {plan.mechanism} release", None)
-            answer, structure = key_answer(
-                plan,
-                frame,
-                entry,
-                rng=self.rng,
-                analyst=self.analyst,
-                second_round=self._second_round(plan, salt),
-            )
+            with contextlib.ExitStack() as stack:
+                scratch = self._scratch(plan, stack)
+                if scratch is None:
+                    frame = self._read(self._bounded(plan, salt))
+                    second_round = self._second_round(plan, salt)
+                else:
+                    frame, second_round = self._kept_cells(plan, salt, scratch)
+                progress(f"building {plan.mechanism} release", None)
+                answer, structure = key_answer(
+                    plan,
+                    frame,
+                    entry,
+                    rng=self.rng,
+                    analyst=self.analyst,
+                    second_round=second_round,
+                )
             if structure is not None:
                 self._store_synopsis(plan, entry, structure)
             progress(DONE, 1.0)
             return answer, plan
+        frame = self._read(self._bounded(plan, salt))
         progress(ADDING_NOISE, None)
         result = laplace_answer(plan, frame, entry, rng=self.rng, analyst=self.analyst)
         progress(DONE, 1.0)
         return (result.model_copy(update={"details": details}) if details else result), plan
 
+    def _bounded(self, plan: QueryPlan, salt: int, cells_table: str | None = None) -> str:
+        """The plan's bounded aggregation (reading materialised ranked cells with
+        ``cells_table``)."""
+        return bounded_aggregate(
+            plan.shape,
+            **_aggregation(plan, salt),
+            dialect=self.backend.dialect,
+            cells_table=cells_table,
+        )
+
+    def _scratch(self, plan: QueryPlan, stack: contextlib.ExitStack) -> Scratch | None:
+        """Temporary tables for mad2r's cells, when the backend keeps them (DuckDB); dropped
+        when ``stack`` closes, however the query ends."""
+        release = plan.key_release
+        scratch = getattr(self.backend, "scratch", None)
+        if release is None or release.mechanism != "mad2r" or not callable(scratch):
+            return None
+        return stack.enter_context(scratch())
+
+    def _kept_cells(
+        self, plan: QueryPlan, salt: int, scratch: Scratch
+    ) -> tuple[pd.DataFrame, Callable[[Any], pd.DataFrame]]:
+        """mad2r in one read of the data: round 1's ranked cells materialised in ``scratch``,
+        round 1's aggregation and round 2's weights read from them
+        (``dpsql.sql.exclusion.second_round_weights``: the same weights as the bounded
+        aggregation without round 1's keys, same salt)."""
+        release = plan.key_release
+        assert release is not None
+        weights = unit_weights_of(plan)
+        assert weights is not None
+        cells = scratch.table(
+            ranked_cells(plan.shape, **_aggregation(plan, salt)), self._reporting(READING_DATA)
+        )
+        frame = self._read(self._bounded(plan, salt, cells_table=cells), "aggregating cells")
+        text = plan.shape.columns[release.column] is ColumnKind.STRING
+
+        def read(found: Any) -> pd.DataFrame:
+            keys = scratch.values(FOUND_COLUMN, found, text=text)
+            return self._read(
+                second_round_weights(cells, keys, release.column, weights), "reading round 2"
+            )
+
+        return frame, read
+
     def _second_round(self, plan: QueryPlan, salt: int) -> Callable[[Any], pd.DataFrame] | None:
-        """mad2r's round 2: the same bounded aggregation (same salt) without round 1's keys,
-        only the weights (``dpsql.mechanisms.adaptive_selection``)."""
+        """mad2r's round 2 where the backend keeps no cells: the same bounded aggregation (same
+        salt) without round 1's keys, only the weights (``dpsql.mechanisms.adaptive_selection``)."""
         release = plan.key_release
         if release is None or release.mechanism != "mad2r":
             return None
@@ -690,12 +734,20 @@ class Session:
         """The backend's rows for generated ``sql``, reported as ``stage`` (with the backend's
         estimate when its ``run`` takes ``progress``). Without a callback the backend is called
         exactly as before (DuckDB: no worker thread)."""
-        if self.progress is None:
+        progress = self._reporting(stage)
+        if progress is None:
             return self.backend.run(sql)
+        return self.backend.run(sql, progress=progress)
+
+    def _reporting(self, stage: str) -> Progress | None:
+        """What to give a backend's ``run`` as ``progress`` for ``stage``: None without a
+        callback, or when the backend does not report (then ``stage`` is reported here)."""
+        if self.progress is None:
+            return None
         if self._backend_reports_progress:
-            return self.backend.run(sql, progress=relabel(self.progress, stage))
+            return relabel(self.progress, stage)
         self.progress(stage, None)
-        return self.backend.run(sql)
+        return None
 
     def _with_automatic_bounds(self, plan: QueryPlan) -> tuple[QueryPlan, dict[str, Any]]:
         """Spend the automatic-bounds share on AboveThreshold, then re-plan with the bound.
@@ -914,6 +966,17 @@ def _shown_errors(plan: QueryPlan) -> dict[str, float | None]:
         name: errors.get(post.copies[name]) if name in post.copies else None
         for name in post.columns
         if name in post.copies or name in post.exact or name in post.derived
+    }
+
+
+def _aggregation(plan: QueryPlan, salt: int) -> dict[str, Any]:
+    """The arguments of the plan's bounded aggregation besides its shape and dialect."""
+    return {
+        "measures": [m.measure for m in plan.measurements],
+        "bounds": plan.bounds,
+        "public_keys": plan.key_literals,
+        "salt": salt,
+        "weights": unit_weights_of(plan),
     }
 
 

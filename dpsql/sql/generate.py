@@ -48,6 +48,8 @@ __all__ = [
     "public_groups",
     "range_counts",
     "ranges_per_group",
+    "ranked_cells",
+    "unit_weight",
 ]
 
 
@@ -274,6 +276,7 @@ def bounded_aggregate(
     dialect: str = "duckdb",
     weights: Sequence[int] | None = None,
     histogram: Histogram | None = None,
+    cells_table: str | None = None,
 ) -> str:
     """SQL returning one row per non-empty group: the group columns, then one column per measure.
 
@@ -291,7 +294,104 @@ def bounded_aggregate(
     prints them (``CAST(key AS VARCHAR)``), so answers are matched to keys in its own semantics;
     the others are restricted to non-NULL values (their keys are released by a thresholding
     mechanism, not listed in advance).
+
+    With ``cells_table`` (a table holding what :func:`ranked_cells` selects for the same
+    arguments and salt), the same aggregation reads the ranked cells from that table instead of
+    computing them: the same rows, so the same result.
     """
+    chain = _chain(shape, measures, bounds, public_keys, salt, weights, histogram)
+    ctes, previous, kept, keys = chain.ctes, chain.previous, chain.kept, chain.keys
+    cells_of = chain.cells_of
+    if cells_table is not None:
+        assert chain.ranked and histogram is None, "only ranked cells are materialised"
+        ctes = []
+        previous = f"{_identifier(cells_table)} WHERE __group_rank <= {int(chain.cut)}"
+    if histogram is not None:
+        sql = _histogram(shape, histogram, ctes, previous, kept, keys, public_keys)
+        return _in_dialect(sql, dialect)
+    aggregates = []
+    for i, measure in enumerate(measures):
+        # Multiply before dividing: a cell that keeps all its rows is reproduced exactly.
+        # COUNT(*) is the rows' worth kept itself.
+        scaled = f"{cells_of[i]} * {kept} / __rows" if i in cells_of else kept
+        if measure.kind is MeasureKind.UNITS:
+            scaled = f"CASE WHEN {kept} > 0 THEN 1.0 ELSE 0.0 END"
+        # A cell is clamped to +-2**53 before the cast, so no data overflows a BIGINT; clamping
+        # only shrinks what a unit adds, so the sensitivity holds.
+        cell = f"LEAST(GREATEST(TRUNC({scaled}), -{_EXACT}.0), {_EXACT}.0)"
+        total = f"SUM(CAST({cell} AS BIGINT))"
+        aggregates.append(
+            f"CAST(LEAST(GREATEST(COALESCE({total}, 0), -{_EXACT}), {_EXACT}) AS BIGINT) "
+            f"AS {_identifier(measure.name)}"
+        )
+    if weights:
+        assert chain.ranked, "weights need the per-unit ranking"
+        share = unit_weight(f"LEAST(__unit_keys, {len(weights)})", weights)
+        aggregates.append(
+            f"CAST(SUM(CASE WHEN __group_rank <= {len(weights)} THEN {share} ELSE 0 END) "
+            f"AS BIGINT) AS {_identifier('weight')}"
+        )
+    outputs = [
+        f"{f'CAST({k} AS VARCHAR)' if c in public_keys else k} AS {_identifier(c)}"
+        for c, k in zip(shape.group_by, keys, strict=True)
+    ]
+    group = f" GROUP BY {', '.join(keys)}" if keys else ""
+    with_ctes = f"WITH {', '.join(ctes)} " if ctes else ""
+    sql = f"{with_ctes}SELECT {', '.join(outputs + aggregates)} FROM {previous}{group}"
+    return _in_dialect(sql, dialect)
+
+
+def ranked_cells(
+    shape: QueryShape,
+    *,
+    measures: Sequence[Measure],
+    bounds: Bounds,
+    public_keys: Mapping[str, Sequence[exp.Expression]],
+    salt: int,
+    weights: Sequence[int],
+    dialect: str = "duckdb",
+) -> str:
+    """SQL selecting every (unit, group) cell of :func:`bounded_aggregate` (same arguments, same
+    salt) before the cut to ``max_groups_per_unit``: ``__unit``, the group columns
+    ``__key0..``, ``__rows``, the cells' measures, the cell's place in its unit's salted order
+    ``__group_rank`` (1, 2, ...), the unit's number of cells ``__unit_keys`` and, when the
+    per-unit row bound can bind, ``__rows_through``. Materialised once, it serves
+    ``bounded_aggregate(..., cells_table=...)`` and the adaptive selection's round 2
+    (``dpsql.sql.exclusion.second_round_weights``) without reading the rows again."""
+    chain = _chain(shape, measures, bounds, public_keys, salt, weights, None)
+    assert chain.ranked and weights, "only a ranked aggregation with weights has ranked cells"
+    return _in_dialect(f"WITH {', '.join(chain.ctes)} SELECT * FROM ranked", dialect)
+
+
+def unit_weight(count: str, weights: Sequence[int]) -> str:
+    """SQL for ``w_n`` (``weights[n - 1]``) where ``count`` is the SQL of ``n`` in 1..K."""
+    table = " ".join(f"WHEN {n} THEN {int(w)}" for n, w in enumerate(weights, start=1))
+    return f"CASE {count} {table} END"
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """The common steps of a bounded aggregation: CTEs, the relation of kept cells
+    (``previous``), the rows' worth a cell keeps (``kept``), the group and cell columns."""
+
+    ctes: list[str]
+    previous: str
+    kept: str
+    keys: list[str]
+    cells_of: dict[int, str]
+    ranked: bool
+    cut: int
+
+
+def _chain(
+    shape: QueryShape,
+    measures: Sequence[Measure],
+    bounds: Bounds,
+    public_keys: Mapping[str, Sequence[exp.Expression]],
+    salt: int,
+    weights: Sequence[int] | None,
+    histogram: Histogram | None,
+) -> _Chain:
     keys = [f"__key{i}" for i in range(len(shape.group_by))]
     select = [f"{_identifier(bounds.unit)} AS __unit"]
     select += [f"{_identifier(c)} AS {k}" for c, k in zip(shape.group_by, keys, strict=True)]
@@ -416,39 +516,15 @@ def bounded_aggregate(
         if cap_unit:
             before = f"(__rows_through - {kept})"
             kept = f"GREATEST(0.0, LEAST({kept}, {int(bounds.max_rows_per_unit)}.0 - {before}))"
-    if histogram is not None:
-        sql = _histogram(shape, histogram, ctes, previous, kept, keys, public_keys)
-        return _in_dialect(sql, dialect)
-    aggregates = []
-    for i, measure in enumerate(measures):
-        # Multiply before dividing: a cell that keeps all its rows is reproduced exactly.
-        # COUNT(*) is the rows' worth kept itself.
-        scaled = f"{cells_of[i]} * {kept} / __rows" if i in cells_of else kept
-        if measure.kind is MeasureKind.UNITS:
-            scaled = f"CASE WHEN {kept} > 0 THEN 1.0 ELSE 0.0 END"
-        # A cell is clamped to +-2**53 before the cast, so no data overflows a BIGINT; clamping
-        # only shrinks what a unit adds, so the sensitivity holds.
-        cell = f"LEAST(GREATEST(TRUNC({scaled}), -{_EXACT}.0), {_EXACT}.0)"
-        total = f"SUM(CAST({cell} AS BIGINT))"
-        aggregates.append(
-            f"CAST(LEAST(GREATEST(COALESCE({total}, 0), -{_EXACT}), {_EXACT}) AS BIGINT) "
-            f"AS {_identifier(measure.name)}"
-        )
-    if weights:
-        assert previous.startswith("ranked"), "weights need the per-unit ranking"
-        table = " ".join(f"WHEN {n} THEN {int(w)}" for n, w in enumerate(weights, start=1))
-        share = f"CASE LEAST(__unit_keys, {len(weights)}) {table} END"
-        aggregates.append(
-            f"CAST(SUM(CASE WHEN __group_rank <= {len(weights)} THEN {share} ELSE 0 END) "
-            f"AS BIGINT) AS {_identifier('weight')}"
-        )
-    outputs = [
-        f"{f'CAST({k} AS VARCHAR)' if c in public_keys else k} AS {_identifier(c)}"
-        for c, k in zip(shape.group_by, keys, strict=True)
-    ]
-    group = f" GROUP BY {', '.join(keys)}" if keys else ""
-    sql = f"WITH {', '.join(ctes)} SELECT {', '.join(outputs + aggregates)} FROM {previous}{group}"
-    return _in_dialect(sql, dialect)
+    return _Chain(
+        ctes,
+        previous,
+        kept,
+        keys,
+        cells_of,
+        rank_groups or cap_unit,
+        int(bounds.max_groups_per_unit),
+    )
 
 
 def _bin(histogram: Histogram) -> str:

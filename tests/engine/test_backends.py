@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -129,3 +130,42 @@ def test_a_memory_limit_spills_to_a_private_directory_removed_on_close() -> None
     assert not spill.exists()
     with pytest.raises(ParameterError, match="memory_limit"):
         DuckDBBackend(None, memory_limit="lots")
+
+
+class _FailingDrops:
+    """A DuckDB connection whose next ``drops`` DROP statements fail (as when interrupted)."""
+
+    def __init__(self, connection: Any, drops: int):
+        self.connection, self.drops = connection, drops
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql.startswith("DROP") and self.drops:
+            self.drops -= 1
+            raise duckdb.InterruptException("interrupted")
+        return self.connection.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.connection, name)
+
+
+def test_scratch_tables_a_failed_drop_left_are_dropped_by_the_next_scratch() -> None:
+    backend = DuckDBBackend(None)
+    backend.register("t", pd.DataFrame({"k": [1, 2, 3]}))
+    real = backend._connection
+    try:
+        listed = "SELECT table_name FROM duckdb_tables() WHERE table_name LIKE '__dpsql%'"
+        backend._connection = _FailingDrops(real, drops=1)  # type: ignore[assignment]
+        with backend.scratch() as scratch:
+            first = scratch.table("SELECT k FROM t")
+            assert backend.run(f'SELECT SUM(k) AS s FROM "{first}"')["s"].tolist() == [6]
+            keys = scratch.values("__k", np.array(["a"], dtype=object), text=True)
+            assert backend.run(f'SELECT * FROM "{keys}"')["__k"].tolist() == ["a"]
+        assert backend.run(listed)["table_name"].tolist() == [first]
+        assert first not in backend.catalog() and set(backend.catalog()) == {"t"}
+        with backend.scratch() as scratch:
+            second = scratch.table("SELECT k FROM t")
+            assert backend.run(listed)["table_name"].tolist() == [second]
+        assert backend.run(listed).empty and backend._undropped == []
+    finally:
+        backend._connection = real
+        backend.close()
