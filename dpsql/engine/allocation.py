@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from fractions import Fraction
 
 from dpsql.errors import ParameterError
+from dpsql.mechanisms.search import least_between
 
 __all__ = ["least_units", "split_units"]
 
@@ -59,10 +60,4 @@ def least_units(meets: Callable[[int], bool], *, ceiling: int) -> int | None:
     low, high = 0, 1  # meets(low) is false (or low = 0); meets(high) is to be found
     while high < ceiling and not meets(high):
         low, high = high, min(ceiling, high * 2)
-    while high - low > 1:
-        middle = (low + high) // 2
-        if meets(middle):
-            high = middle
-        else:
-            low = middle
-    return high
+    return least_between(meets, low, high)

@@ -36,6 +36,7 @@ from dpsql.errors import ParameterError
 from dpsql.mechanisms import discrete_gaussian as dg
 from dpsql.mechanisms.hashing import as_key_array, fraction_in_open_unit, positive_finite
 from dpsql.mechanisms.random import resolve_rng
+from dpsql.mechanisms.search import least_above, least_between
 from dpsql.mechanisms.threshold import (
     _EXACT_LIMIT,
     Contribution,
@@ -98,23 +99,13 @@ def _tau_for(sigma_squared: Fraction, budget: float, bounds: Contribution) -> in
         return threshold_delta(tau, sigma_squared, bounds) <= budget
 
     step = max(1, int(sigma // 8))
-    if fits(guess):
-        high, low = guess, guess - step
-        while fits(low):
-            high, step = low, step * 2
-            low = high - step
-    else:
-        low, high = guess, guess + step
-        while not fits(high):
-            low, step = high, step * 2
-            high = low + step
-    while high - low > 1:  # fits(high), not fits(low)
-        middle = (low + high) // 2
-        if fits(middle):
-            high = middle
-        else:
-            low = middle
-    return high
+    if not fits(guess):
+        return least_above(fits, guess, step)
+    high, low = guess, guess - step
+    while fits(low):
+        high, step = low, step * 2
+        low = high - step
+    return least_between(fits, low, high)
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from dpsql.errors import ParameterError
 from dpsql.mechanisms import discrete_gaussian as dg
 from dpsql.mechanisms.hashing import as_key_array, fraction_in_open_unit, positive_finite
 from dpsql.mechanisms.random import resolve_rng
+from dpsql.mechanisms.search import least_above
 from dpsql.mechanisms.threshold import (
     _EXACT_LIMIT,
     Contribution,
@@ -97,19 +98,12 @@ def selection_delta(tau: int, sigma_squared: Fraction, weights: tuple[int, ...])
 
 def smallest_tau(sigma_squared: Fraction, budget: float, weights: tuple[int, ...]) -> int:
     """The smallest integer τ with ``selection_delta(τ) <= budget`` (it decreases in τ)."""
-    low = weights[0]  # at τ = w_1 a lone key passes half the time: never within a small budget
-    step = max(1, math.isqrt(int(sigma_squared)))
-    high = low + step
-    while selection_delta(high, sigma_squared, weights) > budget:
-        low, step = high, step * 2
-        high = low + step
-    while high - low > 1:
-        middle = (low + high) // 2
-        if selection_delta(middle, sigma_squared, weights) > budget:
-            low = middle
-        else:
-            high = middle
-    return high
+    # at τ = w_1 a lone key passes half the time: never within a small budget
+    return least_above(
+        lambda tau: selection_delta(tau, sigma_squared, weights) <= budget,
+        weights[0],
+        max(1, math.isqrt(int(sigma_squared))),
+    )
 
 
 @dataclass(frozen=True)
