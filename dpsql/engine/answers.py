@@ -271,6 +271,13 @@ def key_answer(
         "confidence": plan.confidence,
         "rng": rng,
     }
+    gaussian: dict[str, Any] = {  # the zCDP mechanisms' own parameters
+        "epsilon": plan.epsilon,
+        "delta": spec.delta,
+        "bounds": _contribution(plan),
+        "confidence": plan.confidence,
+        "rng": rng,
+    }
     seed = spec.key_hash_seed if spec.key_hash_seed is not None else new_seed(rng)
     if spec.mechanism == "mad2r":
         assert spec.weighted is not None and second_round is not None
@@ -286,12 +293,8 @@ def key_answer(
             counts,
             frame["weight"].to_numpy(dtype=np.int64),
             round_two,
-            epsilon=plan.epsilon,
-            delta=spec.delta,
-            bounds=_contribution(plan),
             selection_share=spec.weighted.selection_share,
-            confidence=plan.confidence,
-            rng=rng,
+            **gaussian,
         )
     elif spec.mechanism == "weighted":
         assert spec.weighted is not None
@@ -299,23 +302,11 @@ def key_answer(
             keys,
             counts,
             frame["weight"].to_numpy(dtype=np.int64),
-            epsilon=plan.epsilon,
-            delta=spec.delta,
-            bounds=_contribution(plan),
             selection_share=spec.weighted.selection_share,
-            confidence=plan.confidence,
-            rng=rng,
+            **gaussian,
         )
     elif spec.mechanism == "threshold_gaussian":
-        released = gaussian_threshold.release(
-            keys,
-            counts,
-            epsilon=plan.epsilon,
-            delta=spec.delta,
-            bounds=_contribution(plan),
-            confidence=plan.confidence,
-            rng=rng,
-        )
+        released = gaussian_threshold.release(keys, counts, **gaussian)
     elif spec.mechanism == "threshold":
         released = threshold.release(keys, counts, seed=seed, **common)
     else:
