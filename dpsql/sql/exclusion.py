@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 from sqlglot import exp
 
-from dpsql.sql.generate import unit_weight
+from dpsql.sql.generate import identifier, unit_weight
 from dpsql.sql.shape import ColumnKind, QueryShape
 
 __all__ = ["FOUND_COLUMN", "second_round_weights", "without_keys"]
@@ -64,9 +64,9 @@ def second_round_weights(cells: str, found: str, column: str, weights: Sequence[
     >>> "ANTI JOIN \"f\"" in sql, "__group_rank <= 2 + COALESCE(s.__shift, 0)" in sql
     (True, True)
     """
-    cells_table, found_table = _quoted(cells), _quoted(found)
+    cells_table, found_table = identifier(cells), identifier(found)
     cut = len(weights)
-    on = f"__key0 = {_quoted(FOUND_COLUMN)}"
+    on = f"__key0 = {identifier(FOUND_COLUMN)}"
     # Each released cell's number of other cells before it in its unit's order (r_j - j).
     hits = (
         "hits AS (SELECT __unit, __group_rank - ROW_NUMBER() OVER (PARTITION BY __unit "
@@ -83,11 +83,7 @@ def second_round_weights(cells: str, found: str, column: str, weights: Sequence[
         f"WHERE m.__group_rank <= {cut} + COALESCE(s.__shift, 0))"
     )
     return (
-        f"WITH {hits}, {shifts}, {kept} SELECT __key0 AS {_quoted(column)}, "
-        f"CAST(SUM({unit_weight('__m', weights)}) AS BIGINT) AS {_quoted('weight')} "
+        f"WITH {hits}, {shifts}, {kept} SELECT __key0 AS {identifier(column)}, "
+        f"CAST(SUM({unit_weight('__m', weights)}) AS BIGINT) AS {identifier('weight')} "
         "FROM kept GROUP BY __key0"
     )
-
-
-def _quoted(name: str) -> str:
-    return exp.to_identifier(name, quoted=True).sql(dialect="duckdb")

@@ -45,6 +45,7 @@ __all__ = [
     "bounded_aggregate",
     "clipping_profile",
     "contribution_profile",
+    "identifier",
     "public_groups",
     "range_counts",
     "ranges_per_group",
@@ -108,7 +109,8 @@ def _in_dialect(sql: str, dialect: str) -> str:
     return sqlglot.transpile(sql, read="duckdb", write=dialect)[0]
 
 
-def _identifier(name: str) -> str:
+def identifier(name: str) -> str:
+    """``name`` as a quoted DuckDB identifier."""
     return exp.to_identifier(name, quoted=True).sql(dialect="duckdb")
 
 
@@ -186,7 +188,7 @@ def rounding_offset(unit: object, salt: int, *, integral: bool) -> float:
 
 
 def _value(measure: Measure, offset: str) -> str:
-    column = _identifier(measure.column or "")
+    column = identifier(measure.column or "")
     if measure.clamp is None:
         return column
     low, high, grid = measure.clamp
@@ -255,10 +257,10 @@ def _salted_order(unit_code: str, key_code: str, salt: int) -> tuple[tuple[str, 
 def _enforced(table: str, unit: str, partition: str | None) -> str:
     """``table``, keeping only the rows of each unit whose partition column holds the unit's
     smallest value in the whole table (each unit then lies in one partition)."""
-    source = _identifier(table)
+    source = identifier(table)
     if partition is None:
         return source
-    unit, part = _identifier(unit), _identifier(partition)
+    unit, part = identifier(unit), identifier(partition)
     return (
         f"{source} JOIN (SELECT {unit} AS __partition_unit, MIN({part}) AS __partition_value "
         f"FROM {source} GROUP BY {unit}) AS __partitions "
@@ -305,7 +307,7 @@ def bounded_aggregate(
     if cells_table is not None:
         assert chain.ranked and histogram is None, "only ranked cells are materialised"
         ctes = []
-        previous = f"{_identifier(cells_table)} WHERE __group_rank <= {int(chain.cut)}"
+        previous = f"{identifier(cells_table)} WHERE __group_rank <= {int(chain.cut)}"
     if histogram is not None:
         sql = _histogram(shape, histogram, ctes, previous, kept, keys, public_keys)
         return _in_dialect(sql, dialect)
@@ -322,17 +324,17 @@ def bounded_aggregate(
         total = f"SUM(CAST({cell} AS BIGINT))"
         aggregates.append(
             f"CAST(LEAST(GREATEST(COALESCE({total}, 0), -{_EXACT}), {_EXACT}) AS BIGINT) "
-            f"AS {_identifier(measure.name)}"
+            f"AS {identifier(measure.name)}"
         )
     if weights:
         assert chain.ranked, "weights need the per-unit ranking"
         share = unit_weight(f"LEAST(__unit_keys, {len(weights)})", weights)
         aggregates.append(
             f"CAST(SUM(CASE WHEN __group_rank <= {len(weights)} THEN {share} ELSE 0 END) "
-            f"AS BIGINT) AS {_identifier('weight')}"
+            f"AS BIGINT) AS {identifier('weight')}"
         )
     outputs = [
-        f"{f'CAST({k} AS VARCHAR)' if c in public_keys else k} AS {_identifier(c)}"
+        f"{f'CAST({k} AS VARCHAR)' if c in public_keys else k} AS {identifier(c)}"
         for c, k in zip(shape.group_by, keys, strict=True)
     ]
     group = f" GROUP BY {', '.join(keys)}" if keys else ""
@@ -393,10 +395,10 @@ def _chain(
     histogram: Histogram | None,
 ) -> _Chain:
     keys = [f"__key{i}" for i in range(len(shape.group_by))]
-    select = [f"{_identifier(bounds.unit)} AS __unit"]
-    select += [f"{_identifier(c)} AS {k}" for c, k in zip(shape.group_by, keys, strict=True)]
+    select = [f"{identifier(bounds.unit)} AS __unit"]
+    select += [f"{identifier(c)} AS {k}" for c, k in zip(shape.group_by, keys, strict=True)]
     digest, offset = _rounding_offset(
-        _identifier(bounds.unit), shape.columns[bounds.unit], salt
+        identifier(bounds.unit), shape.columns[bounds.unit], salt
     )
     select += [
         f"{_value(m, offset)} AS __value{i}"
@@ -404,21 +406,21 @@ def _chain(
         if m.kind not in (MeasureKind.ROWS, MeasureKind.UNITS)
     ]
     # A row without a privacy unit cannot be bounded per person: it is left out.
-    conditions = [f"{_identifier(bounds.unit)} IS NOT NULL"]
+    conditions = [f"{identifier(bounds.unit)} IS NOT NULL"]
     if shape.where is not None:
         conditions.append(f"({shape.where.sql(dialect='duckdb')})")
     for column in shape.group_by:
         if column in public_keys:
             values = ", ".join(v.sql(dialect="duckdb") for v in public_keys[column])
-            conditions.append(f"{_identifier(column)} IN ({values})")
+            conditions.append(f"{identifier(column)} IN ({values})")
         else:
-            conditions.append(f"{_identifier(column)} IS NOT NULL")
+            conditions.append(f"{identifier(column)} IS NOT NULL")
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
     source = _enforced(shape.table, bounds.unit, bounds.partition)
     if shape.virtual:
         # Expressions inside aggregates, as columns (dpsql.sql.expressions).
         virtual = ", ".join(
-            f"{e.sql(dialect='duckdb')} AS {_identifier(n)}" for n, e in shape.virtual.items()
+            f"{e.sql(dialect='duckdb')} AS {identifier(n)}" for n, e in shape.virtual.items()
         )
         source = f"(SELECT *, {virtual} FROM {source}) AS __virtual"
     if digest is not None and any(m.kind is MeasureKind.SUM for m in measures):
@@ -529,7 +531,7 @@ def _chain(
 
 def _bin(histogram: Histogram) -> str:
     """The bin of a row's clamped value (NULL for NULL or NaN)."""
-    column = _identifier(histogram.column)
+    column = identifier(histogram.column)
     value = f"CAST({column} AS DOUBLE)"
     low, high = _number(histogram.low), _number(histogram.high)
     clamped = f"LEAST(GREATEST({value}, {low}), {high})"
@@ -566,13 +568,13 @@ def _histogram(
     # and a smaller n only lowers the cell's weights, whose sum stays <= weight * kept.
     weight = f"(LEAST(b.__n, {2**31}) * {int(histogram.weight)} * s.__kept) // s.__rows"
     outputs = [
-        f"{f'CAST(b.{k} AS VARCHAR)' if c in public_keys else f'b.{k}'} AS {_identifier(c)}"
+        f"{f'CAST(b.{k} AS VARCHAR)' if c in public_keys else f'b.{k}'} AS {identifier(c)}"
         for c, k in zip(shape.group_by, keys, strict=True)
     ]
     group = ", ".join([*(f"b.{k}" for k in keys), "b.__bin"])
     return (
         f"WITH {', '.join(ctes)} SELECT {', '.join([*outputs, 'b.__bin AS __bin'])}, "
-        f"CAST(SUM({weight}) AS BIGINT) AS {_identifier('m0')} "
+        f"CAST(SUM({weight}) AS BIGINT) AS {identifier('m0')} "
         f"FROM binned b JOIN shares s ON {on} GROUP BY {group}"
     )
 
@@ -597,30 +599,30 @@ def range_counts(
     join = shape.range_join
     assert join is not None
     keys = [f"__key{i}" for i in range(len(shape.group_by))]
-    conditions = [f"{_identifier(join.value)} IS NOT NULL"]
+    conditions = [f"{identifier(join.value)} IS NOT NULL"]
     if shape.where is not None:
         conditions.append(f"({shape.where.sql(dialect='duckdb')})")
     source = (
-        f"SELECT {_identifier(unit)} AS __unit, {_identifier(join.value)} AS __value "
-        f"FROM {_identifier(shape.table)} WHERE {' AND '.join(conditions)}"
+        f"SELECT {identifier(unit)} AS __unit, {identifier(join.value)} AS __value "
+        f"FROM {identifier(shape.table)} WHERE {' AND '.join(conditions)}"
     )
     ranges = ", ".join(
-        [f"{_identifier(join.low)} AS __low", f"{_identifier(join.high)} AS __high"]
-        + [f"{_identifier(c)} AS {k}" for c, k in zip(shape.group_by, keys, strict=True)]
+        [f"{identifier(join.low)} AS __low", f"{identifier(join.high)} AS __high"]
+        + [f"{identifier(c)} AS {k}" for c, k in zip(shape.group_by, keys, strict=True)]
     )
     key_list = ", ".join(f"r.{k}" for k in keys)
     outputs = ", ".join(
-        f"{k} AS {_identifier(c)}" for c, k in zip(shape.group_by, keys, strict=True)
+        f"{k} AS {identifier(c)}" for c, k in zip(shape.group_by, keys, strict=True)
     )
     sql = (
         f"WITH source AS ({source}), "
         "units AS (SELECT __unit, COUNT(*) AS __rows FROM source GROUP BY __unit), "
         f"weights AS (SELECT s.__value, SUM(LEAST(1.0, {int(max_rows_per_unit)}.0 / u.__rows)) "
         "AS __weight FROM source s JOIN units u ON s.__unit = u.__unit GROUP BY s.__value), "
-        f"ranges AS (SELECT DISTINCT {ranges} FROM {_identifier(join.table)}), "
+        f"ranges AS (SELECT DISTINCT {ranges} FROM {identifier(join.table)}), "
         f"per_range AS (SELECT {key_list}, SUM(w.__weight) AS __total FROM weights w "
         f"JOIN ranges r ON w.__value BETWEEN r.__low AND r.__high GROUP BY {key_list}) "
-        f"SELECT {outputs}, CAST(FLOOR(__total + 1e-9) AS BIGINT) AS {_identifier('m0')} "
+        f"SELECT {outputs}, CAST(FLOOR(__total + 1e-9) AS BIGINT) AS {identifier('m0')} "
         "FROM per_range"
     )
     return _in_dialect(sql, dialect)
@@ -631,11 +633,11 @@ def ranges_per_group(shape: QueryShape, dialect: str = "duckdb") -> str:
     the public range table (it reads only the public table)."""
     join = shape.range_join
     assert join is not None
-    columns = ", ".join(_identifier(c) for c in shape.group_by)
-    pair = f"{_identifier(join.low)}, {_identifier(join.high)}"
+    columns = ", ".join(identifier(c) for c in shape.group_by)
+    pair = f"{identifier(join.low)}, {identifier(join.high)}"
     sql = (
         f"SELECT COALESCE(MAX(__n), 0) FROM (SELECT COUNT(*) AS __n FROM (SELECT DISTINCT "
-        f"{columns}, {pair} FROM {_identifier(join.table)}) AS __ranges GROUP BY {columns}) "
+        f"{columns}, {pair} FROM {identifier(join.table)}) AS __ranges GROUP BY {columns}) "
         "AS __groups"
     )
     return _in_dialect(sql, dialect)
@@ -645,8 +647,8 @@ def public_groups(shape: QueryShape, dialect: str = "duckdb") -> str:
     """SQL listing the distinct groups of the public range table, in a fixed order."""
     join = shape.range_join
     assert join is not None
-    columns = ", ".join(_identifier(c) for c in shape.group_by)
-    sql = f"SELECT DISTINCT {columns} FROM {_identifier(join.table)} ORDER BY {columns}"
+    columns = ", ".join(identifier(c) for c in shape.group_by)
+    sql = f"SELECT DISTINCT {columns} FROM {identifier(join.table)} ORDER BY {columns}"
     return _in_dialect(sql, dialect)
 
 
@@ -669,9 +671,9 @@ def clipping_profile(
     ``partition``, the rows are those the aggregate reads: each unit's rows in its one partition
     (and the WHERE clause restricts to the charged values), so the profile of a query charged to
     some partition values depends only on the people with those values."""
-    value = f"CAST({_identifier(column)} AS DOUBLE)"
+    value = f"CAST({identifier(column)} AS DOUBLE)"
     magnitude = f"GREATEST({value}, 0.0)" if nonnegative else f"ABS({value})"
-    conditions = [f"{_identifier(column)} IS NOT NULL", f"NOT ISNAN({value})"]
+    conditions = [f"{identifier(column)} IS NOT NULL", f"NOT ISNAN({value})"]
     if shape.where is not None:
         conditions.append(f"({shape.where.sql(dialect='duckdb')})")
     steps = ", ".join(
@@ -683,7 +685,7 @@ def clipping_profile(
         for i in range(len(exponents))
     )
     sql = (
-        f"WITH source AS (SELECT {_identifier(unit)} AS __unit, {magnitude} AS __x "
+        f"WITH source AS (SELECT {identifier(unit)} AS __unit, {magnitude} AS __x "
         f"FROM {_enforced(shape.table, unit, partition)} WHERE {' AND '.join(conditions)}), "
         f"per_unit AS (SELECT __unit, {steps} FROM source GROUP BY __unit) "
         f"SELECT {totals} FROM per_unit"
@@ -711,8 +713,8 @@ def contribution_profile(
     counts each person at most once, so each moves by at most 1 between neighbours. The rows are
     those a bounded aggregate reads (each unit in its one partition); GROUP BY keys, NULL
     included, are the groups."""
-    unit = _identifier(bounds.unit)
-    keys = [f"{_identifier(c)} AS __key{i}" for i, c in enumerate(group_by)]
+    unit = identifier(bounds.unit)
+    keys = [f"{identifier(c)} AS __key{i}" for i, c in enumerate(group_by)]
     key_list = ", ".join(["__unit", *(f"__key{i}" for i in range(len(group_by)))])
     source = ", ".join([f"{unit} AS __unit", *keys])
     limits = {
