@@ -705,12 +705,8 @@ class Session:
         def read(found: Any) -> pd.DataFrame:
             sql = bounded_aggregate(
                 without_keys(plan.shape, release.column, list(found)),
-                measures=[],
-                bounds=plan.bounds,
-                public_keys=plan.key_literals,
-                salt=salt,
+                **{**_aggregation(plan, salt), "measures": []},  # only the weights
                 dialect=self.backend.dialect,
-                weights=unit_weights_of(plan),
             )
             return self._read(sql, "reading round 2")
 
