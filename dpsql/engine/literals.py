@@ -30,6 +30,7 @@ from sqlglot import exp
 
 from dpsql.engine.policy import Policy, PublicKey, TablePolicy
 from dpsql.errors import PolicyError, UnsupportedQueryError
+from dpsql.sql import expressions
 from dpsql.sql.analyze import temporal_pattern
 from dpsql.sql.filters import check_unit_filters
 from dpsql.sql.partition import domain_probe, mentions, restrict
@@ -55,6 +56,15 @@ class BoundShape:
 
     shape: QueryShape
     partition: tuple[str, tuple[str, ...]] | None
+
+
+def _bin(name: str, expression: exp.Expression) -> expressions.Bin | None:
+    """The bin a virtual key column groups by (None: not a bin)."""
+    return expressions.bin_of(expression) if name.startswith(expressions.KEY_PREFIX) else None
+
+
+def _identifier(name: str) -> str:
+    return exp.to_identifier(name, quoted=True).sql(dialect="duckdb")
 
 
 def _quote(value: str) -> str:
@@ -209,7 +219,80 @@ class Binder:
             and mentions(where, table.partition_column)
         ):
             where, partition = self._partitioned(shape.table, table, where)
-        return BoundShape(replace(shape, where=where), partition)
+        shape = replace(shape, where=where)
+        if table is not None and shape.virtual:
+            shape = replace(shape, domains=self.bin_domains(shape, table))
+            self.check_types(shape, table)
+        return BoundShape(shape, partition)
+
+    # expressions --------------------------------------------------------------------------------
+    def bin_domains(self, shape: QueryShape, table: TablePolicy) -> dict[str, tuple[int, ...]]:
+        """The key domain of each GROUP BY bin: the distinct values the database gives the bin
+        over the column's declared bounds (``dpsql.sql.expressions.bin_domain_sql``). A bin
+        whose domain the database cannot enumerate exactly (no bounds, too many bins, an index
+        beyond a BIGINT) is refused here, before the charge."""
+        domains: dict[str, tuple[int, ...]] = {}
+        for name, expression in shape.virtual.items():
+            found = _bin(name, expression)
+            if found is None:
+                continue
+            interval = table.column(found.column).bounds
+            if interval is None:
+                raise PolicyError(
+                    f"GROUP BY bins of {found.column!r} need its bounds: set "
+                    f"[tables.{shape.table}.columns.{found.column}] bounds = [low, high]"
+                )
+            try:
+                ends = self._run(expressions.bin_ends_sql(found, interval))
+            except Exception:  # the database cannot index the bounds: no data was read
+                ends = None
+            if ends is None or ends.isna().to_numpy().any():
+                raise PolicyError(
+                    f"GROUP BY bins of {found.column!r} of width {found.width:g}: the bounds "
+                    f"{list(interval)} have no bin index the database can represent; widen the "
+                    "bins or narrow the bounds"
+                )
+            first, last = (int(v) for v in ends.iloc[0])
+            if last - first + 1 > expressions.MAX_BINS:
+                raise PolicyError(
+                    f"GROUP BY bins of {found.column!r} of width {found.width:g} over its bounds "
+                    f"give {last - first + 1} groups (at most {expressions.MAX_BINS}); widen the "
+                    "bins"
+                )
+            try:
+                frame = self._run(expressions.bin_domain_sql(found, first, last))
+            except Exception:  # e.g. a key beyond a BIGINT; no data was read
+                raise PolicyError(
+                    f"GROUP BY {expression.sql(dialect='duckdb')}: the database cannot compute "
+                    f"every key over the bounds {list(interval)}; use a smaller multiplier"
+                ) from None
+            domains[name] = tuple(int(v) for v in frame["__value"])
+        return domains
+
+    def check_types(self, shape: QueryShape, table: TablePolicy) -> None:
+        """Have the database bind every expression of ``shape`` as it will run them, over no
+        rows (``WHERE false``): a type error is a refusal now, never a failure after the charge.
+        """
+        declared = {name: rules.bounds for name, rules in table.columns.items()}
+        columns = []
+        for name, expression in shape.virtual.items():
+            found = _bin(name, expression)
+            if found is not None:
+                interval = table.column(found.column).bounds
+                assert interval is not None  # bin_domains refused it otherwise
+                run = expressions.bin_run(found, interval, shape.columns)
+            else:
+                run = expressions.clamped(expression, declared, shape.columns)
+            columns.append(f"{run.sql(dialect='duckdb')} AS {_identifier(name)}")
+        where = f" AND ({shape.where.sql(dialect='duckdb')})" if shape.where is not None else ""
+        try:
+            source = _identifier(shape.table)
+            self._run(f"SELECT {', '.join(columns)} FROM {source} WHERE false{where}")
+        except Exception:  # binding only: no row was read
+            raise UnsupportedQueryError(
+                "an expression of the query does not type-check in the database (its operands "
+                "have no common type); nothing was charged"
+            ) from None
 
     def _converted(self, where: exp.Expression) -> exp.Expression:
         where = where.copy()

@@ -43,12 +43,14 @@ from typing import Any, Protocol
 
 import numpy as np
 import pandas as pd
+import sqlglot
 from sqlglot import exp
 
 from dpsql.accountant.events import MechanismEvent
 from dpsql.errors import LedgerError, ParameterError, PrivacyError, UnsupportedQueryError
 from dpsql.mechanisms.hierarchical import choose_branching
 from dpsql.mechanisms.svt import plan as svt_plan
+from dpsql.sql.generate import private_rows, scoped
 from dpsql.sql.shape import AggregateKind, ColumnKind, QueryShape
 
 __all__ = [
@@ -595,14 +597,17 @@ def histogram_sql(
         f"{_ident(c.name)} BETWEEN {value_sql(c, str(c.low))} AND {value_sql(c, str(c.high))}"
         for c in columns
     ]
-    inside += [f"({conjunct})" for conjunct in fixed]
+    inside += [
+        f"({scoped(sqlglot.parse_one(conjunct, read='duckdb'), table, unit)})" for conjunct in fixed
+    ]
     index = _cell_index(columns[0])
     for column in columns[1:]:
         index = f"({index} * {column.cells} + {_cell_index(column)})"
     return (
         f"SELECT cell, COUNT(*) AS n FROM (SELECT {index} AS cell, row_number() OVER "
         f"(PARTITION BY {_ident(unit)} ORDER BY hash({index}, {salt}), {index}) AS rank "
-        f"FROM {_ident(table)} WHERE {' AND '.join(inside)}) WHERE rank <= {max_rows_per_unit} "
+        f"FROM {private_rows(table, unit)} WHERE {' AND '.join(inside)}) "
+        f"WHERE rank <= {max_rows_per_unit} "
         "GROUP BY cell ORDER BY cell"
     )
 

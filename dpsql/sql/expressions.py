@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from sqlglot import exp
@@ -37,7 +37,12 @@ if TYPE_CHECKING:
     from dpsql.sql.shape import QueryShape
 
 __all__ = [
+    "Bin",
     "argument",
+    "bin_domain_sql",
+    "bin_ends_sql",
+    "bin_of",
+    "bin_run",
     "bounds_of",
     "clamped",
     "explained",
@@ -84,46 +89,93 @@ def unfiltered(node: exp.Filter) -> exp.Expression:
     return aggregate
 
 
+NUMBER = "NUMBER"
+"""The kind of a numeric value inside an argument (numbers, numeric and BOOLEAN columns)."""
+
+
 def argument(analyzer: _Analyzer, node: exp.Expression, what: str) -> exp.Expression:
     """``node`` checked against the allow-list and re-emitted with quoted columns and typed
-    literals; ``what`` names the aggregate in messages."""
+    literals; ``what`` names the aggregate in messages.
+
+    Types are checked here, before any charge, so that nothing the database runs later can fail
+    on some rows only: arithmetic takes numbers (literals, numeric and BOOLEAN columns), and the
+    values of a CASE are all numbers or all of one column type. The database then runs every
+    number as a DOUBLE (``clamped``), whose arithmetic never raises."""
+    return _argument(analyzer, node, what)[0]
+
+
+def _argument(
+    analyzer: _Analyzer, node: exp.Expression, what: str
+) -> tuple[exp.Expression, str]:
+    """``argument`` and the kind of its value: ``NUMBER`` or a column's database type."""
     if isinstance(node, exp.Paren):
-        return exp.Paren(this=argument(analyzer, node.this, what))
+        inner, kind = _argument(analyzer, node.this, what)
+        return exp.Paren(this=inner), kind
     if isinstance(node, exp.Column):
-        return exp.column(analyzer.column(node), quoted=True)
+        name = analyzer.column(node)
+        kind = analyzer.kind(name)
+        numeric = kind.numeric or kind is ColumnKind.BOOLEAN
+        return exp.column(name, quoted=True), NUMBER if numeric else analyzer.columns[name]
     if isinstance(node, exp.Literal):
         if node.is_string:
-            return exp.Literal.string(node.this)
-        return exp.Literal.number(node.this)
+            return exp.Literal.string(node.this), "VARCHAR"
+        try:
+            finite = math.isfinite(float(node.this))
+        except ValueError:
+            finite = False
+        if not finite:
+            analyzer.reject(node, f"{node.sql()!r} inside {what} is not a finite number")
+        return exp.Literal.number(node.this), NUMBER
     if isinstance(node, exp.Neg):
-        return exp.Neg(this=argument(analyzer, node.this, what))
+        inner = _number_operand(analyzer, node.this, what)
+        return exp.Neg(this=inner), NUMBER
     if isinstance(node, _ARITHMETIC):
-        left = argument(analyzer, node.this, what)
-        right = argument(analyzer, node.expression, what)
+        left = _number_operand(analyzer, node.this, what)
+        right = _number_operand(analyzer, node.expression, what)
         if isinstance(node, exp.Div) and not _nonzero_number(right):
             analyzer.reject(node, f"inside {what}, divide by a non-zero number only")
-        return type(node)(this=left, expression=right)
+        return type(node)(this=left, expression=right), NUMBER
     if isinstance(node, exp.Case):
         if node.this is not None:
             analyzer.reject(node, "write CASE WHEN condition THEN ..., not CASE value WHEN")
-        branches = [
-            exp.If(
-                this=analyzer.predicate(branch.this),
-                true=argument(analyzer, branch.args["true"], what),
-            )
-            for branch in node.args.get("ifs") or []
-        ]
+        branches = []
+        kinds: set[str] = set()
+        for branch in node.args.get("ifs") or []:
+            value, kind = _argument(analyzer, branch.args["true"], what)
+            kinds.add(kind)
+            branches.append(exp.If(this=analyzer.predicate(branch.this), true=value))
         default = node.args.get("default")
         emitted = exp.Case(ifs=branches)
         if default is not None and not isinstance(default, exp.Null):
-            emitted.set("default", argument(analyzer, default, what))
-        return emitted
+            value, kind = _argument(analyzer, default, what)
+            kinds.add(kind)
+            emitted.set("default", value)
+        if len(kinds) > 1:
+            analyzer.reject(
+                node,
+                f"the values of a CASE inside {what} must all be numbers or all of one type, "
+                f"got {', '.join(sorted(k.lower() for k in kinds))}",
+            )
+        return emitted, kinds.pop() if kinds else NUMBER
     analyzer.reject(
         node,
         f"{node.sql()!r} is not supported inside {what}: use columns, numbers, + - * and / by a "
         "number, and CASE WHEN condition THEN ... END (or FILTER (WHERE ...))",
     )
     raise AssertionError
+
+
+def _number_operand(analyzer: _Analyzer, node: exp.Expression, what: str) -> exp.Expression:
+    """An operand of arithmetic: it must be a number (refused before the charge otherwise, so
+    that no conversion of a string or date can fail on some rows after it)."""
+    emitted, kind = _argument(analyzer, node, what)
+    if kind != NUMBER:
+        analyzer.reject(
+            node,
+            f"arithmetic inside {what} takes numbers and numeric or BOOLEAN columns; "
+            f"{node.sql()!r} is {kind}",
+        )
+    return emitted
 
 
 def _nonzero_number(node: exp.Expression) -> bool:
@@ -181,33 +233,41 @@ def bounds_of(
 def clamped(
     node: exp.Expression, bounds: Mapping[str, Interval | None], kinds: Mapping[str, ColumnKind]
 ) -> exp.Expression:
-    """``node`` as the database runs it: numeric columns read as DOUBLE clamped to their bounds
-    (NaN as NULL), booleans as 0/1; CASE conditions are left as written."""
-    node = node.copy()
+    """``node`` as the database runs it: every number in a value is a DOUBLE (numeric columns
+    clamped to their bounds when they have them, NaN as NULL; booleans as 0/1; numeric literals
+    as DOUBLE literals), so no arithmetic can overflow or fail on any row (DOUBLE arithmetic
+    saturates to infinities); CASE conditions are left as written (they compare columns with
+    literals of their own type)."""
+    node = exp.Paren(this=node.copy())  # a root of its own, so that ``node`` itself is replaced
+    for literal in list(node.find_all(exp.Literal)):
+        if literal.is_string or _in_condition(literal):
+            continue
+        value = repr(float(literal.this))
+        literal.replace(exp.maybe_parse(f"CAST({value} AS DOUBLE)", dialect="duckdb"))
     for column in list(node.find_all(exp.Column)):
         if _in_condition(column):
             continue
         kind = kinds.get(column.name)
-        name = column.sql(dialect="duckdb")
-        if kind is ColumnKind.BOOLEAN:
-            column.replace(exp.maybe_parse(f"CAST({name} AS DOUBLE)", dialect="duckdb"))
+        if kind is None or not (kind.numeric or kind is ColumnKind.BOOLEAN):
             continue
-        interval = bounds.get(column.name)
-        if interval is None or not (kind is not None and kind.numeric):
+        name = column.sql(dialect="duckdb")
+        value = f"CAST({name} AS DOUBLE)"
+        interval = bounds.get(column.name) if kind.numeric else None
+        if interval is None:
+            column.replace(exp.maybe_parse(value, dialect="duckdb"))
             continue
         low, high = (repr(float(v)) for v in interval)
-        value = f"CAST({name} AS DOUBLE)"
         text = (
             f"(CASE WHEN ISNAN({value}) THEN NULL ELSE LEAST(GREATEST({value}, {low}), {high}) END)"
         )
         column.replace(exp.maybe_parse(text, dialect="duckdb"))
-    return node
+    return node.this
 
 
-def _in_condition(column: exp.Column) -> bool:
-    """Whether ``column`` sits in a CASE condition (the WHEN part), not in a value."""
-    child: exp.Expression = column
-    parent = column.parent
+def _in_condition(node: exp.Expression) -> bool:
+    """Whether ``node`` sits in a CASE condition (the WHEN part), not in a value."""
+    child: exp.Expression = node
+    parent = node.parent
     while parent is not None:
         if isinstance(parent, exp.If) and parent.this is child:
             return True
@@ -249,9 +309,23 @@ def normalized(node: exp.Expression) -> str:
     return copy.sql(dialect="duckdb", normalize=True).lower()
 
 
-def _bin(node: exp.Expression) -> tuple[exp.Column, float, int] | None:
-    """``FLOOR(col / w) * m`` (or ``m * FLOOR(col / w)``, or ``FLOOR(col / w)``): the column, the
-    width ``w`` and the integer multiplier ``m``; None for any other shape."""
+MAX_MULTIPLIER = 2**31
+"""Largest |m| of a bin ``FLOOR(col / w) * m``: keys stay far inside a BIGINT."""
+
+
+@dataclass(frozen=True)
+class Bin:
+    """``FLOOR(column / width) * multiplier``, a GROUP BY key over a bounded numeric column."""
+
+    column: str
+    width: float
+    multiplier: int
+
+
+def bin_of(node: exp.Expression) -> Bin | None:
+    """``FLOOR(col / w) * m`` (or ``m * FLOOR(col / w)``, or ``FLOOR(col / w)``) as a ``Bin``;
+    None for any other shape (or a width that is not a positive finite number, or a multiplier
+    that is not an integer of at most ``MAX_MULTIPLIER``)."""
     multiplier: exp.Expression = exp.Literal.number(1)
     if isinstance(node, exp.Mul):
         floor, multiplier = node.this, node.expression
@@ -270,46 +344,55 @@ def _bin(node: exp.Expression) -> tuple[exp.Column, float, int] | None:
         return None
     if not (width > 0 and math.isfinite(width)) or multiplier_value != int(multiplier_value):
         return None
-    return inner.this, width, int(multiplier_value)
+    if abs(multiplier_value) > MAX_MULTIPLIER:
+        return None
+    return Bin(inner.this.name, width, int(multiplier_value))
 
 
 def _number(node: exp.Expression) -> float | None:
-    if isinstance(node, exp.Literal) and not node.is_string:
+    negative = isinstance(node, exp.Neg)
+    inner = node.this if negative else node
+    if isinstance(inner, exp.Literal) and not inner.is_string:
         try:
-            return float(node.this)
+            value = float(inner.this)
         except ValueError:
             return None
+        return -value if negative else value
     return None
 
 
 def group_key(analyzer: _Analyzer, node: exp.Expression) -> str:
     """A GROUP BY expression whose domain is public, as a virtual key column: bins
     ``FLOOR(col / w) * m`` of a bounded numeric column (w > 0, m an integer), or a condition
-    (TRUE/FALSE); the domain is enumerated from the policy when the query is planned."""
+    (TRUE/FALSE). Its domain is enumerated by the database over the declared bounds before the
+    query is priced (``bin_domain``), one key per distinct value."""
     text = normalized(node)
     if text in analyzer.group_expressions:
         return analyzer.group_expressions[text]
-    found = _bin(node)
+    found = bin_of(node)
     if found is not None:
-        column, width, multiplier = found
+        column = node.find(exp.Column)
+        assert column is not None
         name = analyzer.column(column)
         if not analyzer.kind(name).numeric:
             analyzer.reject(column, f"bins need a numeric column; {name!r} is not")
         emitted: exp.Expression = exp.Mul(
             this=exp.Floor(
                 this=exp.Div(
-                    this=exp.column(name, quoted=True), expression=exp.Literal.number(repr(width))
+                    this=exp.column(name, quoted=True),
+                    expression=exp.Literal.number(repr(found.width)),
                 )
             ),
-            expression=exp.Literal.number(multiplier),
+            expression=exp.Literal.number(found.multiplier),
         )
-    elif isinstance(node, _CONDITIONS) or (isinstance(node, exp.Column) and False):
+    elif isinstance(node, _CONDITIONS):
         emitted = exp.Paren(this=analyzer.predicate(node))
     else:
         analyzer.reject(
             node,
-            "GROUP BY takes columns, bins FLOOR(column / width) * width of a column with "
-            "declared bounds, or conditions such as column >= 13",
+            "GROUP BY takes columns, bins FLOOR(column / width) * m of a column with declared "
+            f"bounds (width > 0, m an integer within +-{MAX_MULTIPLIER}), or conditions such as "
+            "column >= 13",
         )
         raise AssertionError
     name = f"{KEY_PREFIX}{sum(k.startswith(KEY_PREFIX) for k in analyzer.virtual)}"
@@ -321,38 +404,61 @@ def group_key(analyzer: _Analyzer, node: exp.Expression) -> str:
 def key_types(virtual: Mapping[str, exp.Expression]) -> dict[str, str]:
     """The database type of each virtual key column: BIGINT for bins, BOOLEAN for conditions."""
     return {
-        name: "BIGINT" if _bin(expression) is not None else "BOOLEAN"
+        name: "BIGINT" if bin_of(expression) is not None else "BOOLEAN"
         for name, expression in virtual.items()
         if name.startswith(KEY_PREFIX)
     }
 
 
+def _bin_index(value: str, found: Bin) -> str:
+    """SQL of the bin index ``FLOOR(value / width)`` as a BIGINT (``value`` a DOUBLE)."""
+    return f"CAST(FLOOR({value} / {found.width!r}) AS BIGINT)"
+
+
+def bin_run(found: Bin, interval: Interval, kinds: Mapping[str, ColumnKind]) -> exp.Expression:
+    """The expression the database runs for a bin on each row: the column clamped to its bounds
+    as a DOUBLE (NaN as NULL), its bin index, times the multiplier. Division by a positive width
+    and FLOOR are monotone, so every row's index lies between the indices of the two bounds,
+    which ``bin_domain`` enumerates."""
+    value = clamped(exp.column(found.column, quoted=True), {found.column: interval}, kinds)
+    text = f"{_bin_index(value.sql(dialect='duckdb'), found)} * {found.multiplier}"
+    return exp.maybe_parse(text, dialect="duckdb")
+
+
+def bin_ends_sql(found: Bin, interval: Interval) -> str:
+    """SQL of one row: the bin indices of the two declared bounds, as the database computes
+    them (a failure here, e.g. an index beyond a BIGINT, refuses the query before the charge)."""
+    low, high = (f"CAST({float(v)!r} AS DOUBLE)" for v in interval)
+    return f"SELECT {_bin_index(low, found)}, {_bin_index(high, found)}"
+
+
+def bin_domain_sql(found: Bin, first: int, last: int) -> str:
+    """SQL listing the distinct values the database gives ``index * multiplier`` for every bin
+    index from ``first`` to ``last``, as it prints them: the bin's key domain, one row per key,
+    in order (a multiplier of 0 gives one key, not one per bin)."""
+    value = f"CAST(__k AS BIGINT) * {found.multiplier}"
+    return (
+        f"SELECT DISTINCT CAST({value} AS VARCHAR) AS __key, {value} AS __value "
+        f"FROM range({int(first)}, {int(last) + 1}) AS __bins(__k) ORDER BY __value"
+    )
+
+
 def _key(
     name: str, expression: exp.Expression, table: TablePolicy, shape: QueryShape
 ) -> tuple[exp.Expression, list[object]]:
-    """The expression the database runs for a virtual key, and its public domain."""
-    found = _bin(expression)
+    """The expression the database runs for a virtual key, and its public domain (for a bin:
+    the distinct values the database enumerated when the query was bound, ``shape.domains``)."""
+    found = bin_of(expression)
     if found is None:
         return expression, [False, True]
-    column, width, multiplier = found
-    interval = table.column(column.name).bounds
-    if interval is None:
+    domain = shape.domains.get(name)
+    interval = table.column(found.column).bounds
+    if domain is None or interval is None:
         raise PolicyError(
-            f"GROUP BY bins of {column.name!r} need its bounds: set "
-            f"[tables.{shape.table}.columns.{column.name}] bounds = [low, high]"
+            f"the keys of GROUP BY {expression.sql(dialect='duckdb')} were not enumerated by the "
+            "database: bind the query with a backend first"
         )
-    first, last = (math.floor(v / width) for v in interval)
-    if last - first + 1 > MAX_BINS:
-        raise PolicyError(
-            f"GROUP BY bins of {column.name!r} of width {width:g} over its bounds give "
-            f"{last - first + 1} groups (at most {MAX_BINS}); widen the bins"
-        )
-    value = clamped(exp.Paren(this=column), {column.name: interval}, shape.columns)
-    value = value.sql(dialect="duckdb")
-    runs = exp.maybe_parse(
-        f"CAST(FLOOR({value} / {width!r}) AS BIGINT) * {multiplier}", dialect="duckdb"
-    )
-    return runs, [k * multiplier for k in range(first, last + 1)]
+    return bin_run(found, interval, shape.columns), list(domain)
 
 
 def with_virtual_bounds(shape: QueryShape, table: TablePolicy) -> tuple[QueryShape, TablePolicy]:

@@ -46,10 +46,12 @@ __all__ = [
     "clipping_profile",
     "contribution_profile",
     "identifier",
+    "private_rows",
     "public_groups",
     "range_counts",
     "ranges_per_group",
     "ranked_cells",
+    "scoped",
     "unit_weight",
 ]
 
@@ -254,18 +256,52 @@ def _salted_order(unit_code: str, key_code: str, salt: int) -> tuple[tuple[str, 
     return (by_unit, by_key), order
 
 
-def _enforced(table: str, unit: str, partition: str | None) -> str:
-    """``table``, keeping only the rows of each unit whose partition column holds the unit's
-    smallest value in the whole table (each unit then lies in one partition)."""
-    source = identifier(table)
+def private_rows(table: str, unit: str, partition: str | None = None) -> str:
+    """The one source every read of private ``table`` goes through: its rows that have a privacy
+    unit (``unit IS NOT NULL``) and, with ``partition``, only each unit's rows whose partition
+    column holds the unit's smallest value in the whole table (each unit then lies in one
+    partition). A row without a unit belongs to no person the noise protects, so no aggregate,
+    filter, subquery, key release or stream may read it.
+
+    >>> private_rows("t", "u")
+    '(SELECT * FROM "t" WHERE "u" IS NOT NULL) AS "t"'
+    """
+    name, unit_name = identifier(table), identifier(unit)
+    rows = f"(SELECT * FROM {name} WHERE {unit_name} IS NOT NULL) AS {name}"
     if partition is None:
-        return source
-    unit, part = identifier(unit), identifier(partition)
+        return rows
+    part = identifier(partition)
     return (
-        f"{source} JOIN (SELECT {unit} AS __partition_unit, MIN({part}) AS __partition_value "
-        f"FROM {source} GROUP BY {unit}) AS __partitions "
-        f"ON {unit} = __partition_unit AND {part} = __partition_value"
+        f"{rows} JOIN (SELECT {unit_name} AS __partition_unit, MIN({part}) AS __partition_value "
+        f"FROM {rows} GROUP BY {unit_name}) AS __partitions "
+        f"ON {unit_name} = __partition_unit AND {part} = __partition_value"
     )
+
+
+def scoped(where: exp.Expression, table: str, unit: str) -> str:
+    """``where`` (DuckDB SQL) with every read of private ``table`` inside it (the subquery of a
+    person-level filter ``unit IN (SELECT unit FROM table WHERE ...)``) reading
+    ``private_rows(table, unit)`` instead: a subquery never sees a row without a unit (whose NULL
+    would make ``NOT IN`` unknown for every row).
+
+    >>> import sqlglot
+    >>> w = sqlglot.parse_one('SELECT 1 FROM t WHERE u NOT IN (SELECT u FROM t)').args["where"]
+    >>> scoped(w.this, "t", "u")
+    'NOT u IN (SELECT u FROM (SELECT * FROM "t" WHERE NOT "u" IS NULL) AS "t")'
+    """
+    rows = sqlglot.parse_one(f"SELECT * FROM {private_rows(table, unit)}", read="duckdb")
+    source = rows.args.get("from_") or rows.args.get("from")
+    assert source is not None
+
+    def replace(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Table) and node.name == table and not node.args.get("db"):
+            replacement = source.this.copy()
+            if node.alias:
+                replacement.set("alias", exp.TableAlias(this=exp.to_identifier(node.alias)))
+            return replacement
+        return node
+
+    return where.copy().transform(replace).sql(dialect="duckdb")
 
 
 def bounded_aggregate(
@@ -405,10 +441,10 @@ def _chain(
         for i, m in enumerate(measures)
         if m.kind not in (MeasureKind.ROWS, MeasureKind.UNITS)
     ]
-    # A row without a privacy unit cannot be bounded per person: it is left out.
-    conditions = [f"{identifier(bounds.unit)} IS NOT NULL"]
+    # A row without a privacy unit cannot be bounded per person: the source leaves it out.
+    conditions = []
     if shape.where is not None:
-        conditions.append(f"({shape.where.sql(dialect='duckdb')})")
+        conditions.append(f"({scoped(shape.where, shape.table, bounds.unit)})")
     for column in shape.group_by:
         if column in public_keys:
             values = ", ".join(v.sql(dialect="duckdb") for v in public_keys[column])
@@ -416,7 +452,7 @@ def _chain(
         else:
             conditions.append(f"{identifier(column)} IS NOT NULL")
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-    source = _enforced(shape.table, bounds.unit, bounds.partition)
+    source = private_rows(shape.table, bounds.unit, bounds.partition)
     if shape.virtual:
         # Expressions inside aggregates, as columns (dpsql.sql.expressions).
         virtual = ", ".join(
@@ -601,10 +637,10 @@ def range_counts(
     keys = [f"__key{i}" for i in range(len(shape.group_by))]
     conditions = [f"{identifier(join.value)} IS NOT NULL"]
     if shape.where is not None:
-        conditions.append(f"({shape.where.sql(dialect='duckdb')})")
+        conditions.append(f"({scoped(shape.where, shape.table, unit)})")
     source = (
         f"SELECT {identifier(unit)} AS __unit, {identifier(join.value)} AS __value "
-        f"FROM {identifier(shape.table)} WHERE {' AND '.join(conditions)}"
+        f"FROM {private_rows(shape.table, unit)} WHERE {' AND '.join(conditions)}"
     )
     ranges = ", ".join(
         [f"{identifier(join.low)} AS __low", f"{identifier(join.high)} AS __high"]
@@ -675,7 +711,7 @@ def clipping_profile(
     magnitude = f"GREATEST({value}, 0.0)" if nonnegative else f"ABS({value})"
     conditions = [f"{identifier(column)} IS NOT NULL", f"NOT ISNAN({value})"]
     if shape.where is not None:
-        conditions.append(f"({shape.where.sql(dialect='duckdb')})")
+        conditions.append(f"({scoped(shape.where, shape.table, unit)})")
     steps = ", ".join(
         f"SUM(LEAST(GREATEST(__x / {_number(2.0**b)} - 1.0, 0.0), 1.0)) AS __q{i}"
         for i, b in enumerate(exponents)
@@ -686,7 +722,8 @@ def clipping_profile(
     )
     sql = (
         f"WITH source AS (SELECT {identifier(unit)} AS __unit, {magnitude} AS __x "
-        f"FROM {_enforced(shape.table, unit, partition)} WHERE {' AND '.join(conditions)}), "
+        f"FROM {private_rows(shape.table, unit, partition)} "
+        f"WHERE {' AND '.join(conditions)}), "
         f"per_unit AS (SELECT __unit, {steps} FROM source GROUP BY __unit) "
         f"SELECT {totals} FROM per_unit"
     )
@@ -736,8 +773,8 @@ def contribution_profile(
             counted.append(f"SUM(CASE WHEN {inside} THEN 1 ELSE 0 END) AS {statistic}_{index}")
             low = edge or low
     sql = (
-        f"WITH source AS (SELECT {source} FROM {_enforced(table, bounds.unit, bounds.partition)} "
-        f"WHERE {unit} IS NOT NULL), "
+        f"WITH source AS (SELECT {source} "
+        f"FROM {private_rows(table, bounds.unit, bounds.partition)}), "
         f"cells AS (SELECT __unit, COUNT(*) AS __rows FROM source GROUP BY {key_list}), "
         "units AS (SELECT __unit, SUM(__rows) AS __rows_per_unit, COUNT(*) AS __groups_per_unit, "
         "MAX(__rows) AS __rows_per_group FROM cells GROUP BY __unit) "

@@ -152,6 +152,9 @@ class QueryShape:
     virtual: dict[str, exp.Expression] = field(default_factory=dict)
     """Expressions inside aggregates, as columns ``__dp_e<i>`` the aggregates read
     (``dpsql.sql.expressions``)."""
+    domains: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    """The key domain of each GROUP BY bin (``__dp_k<i>``), as the database enumerated it over
+    the declared bounds when the query was bound: its distinct values, in order."""
     post: Any = None
     """The post-processing of the released answer (``dpsql.sql.postprocess.PostProcess``)."""
 

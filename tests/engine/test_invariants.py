@@ -38,7 +38,7 @@ from dpsql.engine.policy import parse_policy
 from dpsql.engine.session import database_budget, set_policy
 from dpsql.errors import DpsqlError
 from dpsql.sql.analyze import analyze
-from dpsql.sql.generate import _enforced
+from dpsql.sql.generate import private_rows
 from dpsql.sql.parse import parse
 
 EXAMPLES = int(os.environ.get("DPSQL_INVARIANT_EXAMPLES", "25"))
@@ -277,7 +277,7 @@ def test_the_ledger_total_covers_every_persons_exposure(database, tmp_path: Path
                         db.execute(sql, epsilon=1.0)
                     except DpsqlError:
                         continue
-                    source = _enforced("t", "u", "p")
+                    source = private_rows("t", "u", "p")
                     read = reader.execute(
                         f"SELECT DISTINCT u FROM {source} WHERE {plan['where']}"
                     ).fetchall()
