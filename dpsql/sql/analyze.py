@@ -147,8 +147,12 @@ class _Analyzer:
         range_join = self.range_join(select.args.get("joins") or [])
         where = select.args.get("where")
         predicate = self.predicate(where.this) if where is not None else None
+        # A key named twice is one key (as in DuckDB): one released row per distinct value.
         group_by = tuple(
-            self.group_column(self.unaliased(node, select)) for node in self.group_nodes(select)
+            dict.fromkeys(
+                self.group_column(self.unaliased(node, select))
+                for node in self.group_nodes(select)
+            )
         )
         if range_join is not None and not group_by:
             self.reject(select, "a range JOIN needs GROUP BY the public table's range columns")
