@@ -468,22 +468,27 @@ class StreamDesk:
             ledger_entry=entry.seq,
         )
 
-    def _pmw_for(self, stream: Stream) -> OnlinePMW:
+    def _histogram_for(self, stream: Stream) -> np.ndarray:
+        """The stream's bounded histogram: read once per session (a PMW stream opened in an
+        earlier session re-reads it, with its stored salt, so it is the same histogram)."""
+        histogram = self._histograms.get(stream.name)
+        if histogram is None:
+            policy = self._session.policy.table(stream.table)
+            assert policy is not None
+            histogram = self._read_histogram(
+                stream.table,
+                policy.privacy_unit,
+                int(stream.params["sensitivity"]),
+                stream.columns,
+                stream.params["salt"],
+                fixed_filter(stream),
+            )
+            self._histograms[stream.name] = histogram
+        return histogram
+
+    def _pmw_for(self, stream: Stream, histogram: np.ndarray) -> OnlinePMW:
         pmw = self._pmw.get(stream.name)
         if pmw is None:
-            histogram = self._histograms.get(stream.name)
-            if histogram is None:
-                policy = self._session.policy.table(stream.table)
-                assert policy is not None
-                histogram = self._read_histogram(
-                    stream.table,
-                    policy.privacy_unit,
-                    int(stream.params["sensitivity"]),
-                    stream.columns,
-                    stream.params["salt"],
-                    fixed_filter(stream),
-                )
-                self._histograms[stream.name] = histogram
             state = PMWState.from_parts(stream.state, stream.data)
             pmw = self._new_pmw(histogram, stream.epsilon, stream.delta, stream.params, state)
             self._pmw[stream.name] = pmw
@@ -492,8 +497,13 @@ class StreamDesk:
     def _ask(
         self, stream: Stream, selected: np.ndarray, confidence: float
     ) -> tuple[float, tuple[float, float], dict[str, Any], float]:
+        # The data are read here, before ``advance`` takes the ledger file's write lock: a scan
+        # inside it would hold every other analyst's charge until it ends. Inside the lock only
+        # the stored state is read and rewritten.
+        histogram = self._histogram_for(stream)
+
         def step(current: Stream) -> tuple[str, bytes | None, Any]:
-            pmw = self._pmw_for(current)
+            pmw = self._pmw_for(current, histogram)
             pmw.load_state(PMWState.from_parts(current.state, current.data))
             if pmw.halted:
                 raise StreamExhaustedError(

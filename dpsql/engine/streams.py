@@ -296,7 +296,9 @@ class StreamStore:
     def advance(self, name: str, step: Callable[[Stream], tuple[str, bytes | None, Any]]) -> Any:
         """Under an exclusive lock: read the stream, ``step`` it to a new state (and new data, or
         None when unchanged) and a result, store them (and one more answered query) and commit;
-        only then return the result."""
+        only then return the result. The lock is the ledger file's write lock, which every charge
+        waits for: ``step`` computes from the stored state and what was read before, never reads
+        the data."""
         connection = self._connection
         connection.execute("BEGIN IMMEDIATE")
         try:

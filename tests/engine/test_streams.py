@@ -5,6 +5,7 @@ exhausted with a clear error, persisted between sessions, per analyst unless sha
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -12,11 +13,13 @@ import pandas as pd
 import pytest
 
 from dpsql.cli import main
-from dpsql.engine.session import database_synopses, ledger_path
+from dpsql.engine.backends import DuckDBBackend
+from dpsql.engine.session import Session, database_synopses, ledger_path, show_policy
+from dpsql.engine.stream_desk import StreamDesk
 from dpsql.engine.streams import StreamColumn, StreamExhaustedError, StreamStore, stream_params
 from dpsql.errors import ParameterError, UnsupportedQueryError
 from dpsql.mechanisms.pmw import PMWState
-from tests.conftest import make_database, seeded_connect
+from tests.conftest import make_database, seeded, seeded_connect
 
 ROWS = 20_000
 
@@ -370,3 +373,75 @@ def test_pmw_streams_have_bounded_state(people) -> None:
             )
         with pytest.raises(ParameterError, match=r"updates must be an integer in \[1, 1000\]"):
             session.open_stream("people", [("age", 1)], epsilon=1.0, updates=1001)
+
+
+class _LockWatchingBackend:
+    """The database, noting every ``run`` made while a connection holds the ledger file's write
+    lock (found by trying to take that lock without waiting)."""
+
+    def __init__(self, database: Path):
+        self._inner = DuckDBBackend.for_policy(database, show_policy(database))
+        self._ledger = ledger_path(database)
+        self.dialect = self._inner.dialect
+        self.reads: list[tuple[str, bool]] = []
+
+    def catalog(self) -> dict[str, dict[str, str]]:
+        return self._inner.catalog()
+
+    def run(self, sql: str) -> pd.DataFrame:
+        probe = sqlite3.connect(self._ledger, timeout=0, isolation_level=None)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            locked = False
+        except sqlite3.OperationalError:
+            locked = True
+        finally:
+            probe.close()
+        self.reads.append((sql, locked))
+        return self._inner.run(sql)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class _ReadsInsideTheLock(StreamDesk):
+    """The deliberately broken twin: the old ordering, reading the histogram inside the step
+    that ``StreamStore.advance`` runs under the ledger file's write lock."""
+
+    def _ask(self, stream, selected, confidence):
+        advance = self._store.advance
+
+        def reading_inside(name, step):
+            def step_reading(current):
+                self._histograms.clear()  # as before: nothing read before the lock
+                self._histogram_for(current)
+                return step(current)
+
+            return advance(name, step_reading)
+
+        self._store.advance = reading_inside  # type: ignore[method-assign]
+        try:
+            return super()._ask(stream, selected, confidence)
+        finally:
+            self._store.advance = advance  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("twin", [False, True])
+def test_a_pmw_stream_in_a_new_session_reads_no_data_inside_the_ledger_lock(people, twin):
+    """A new session answering from a stored PMW stream re-reads its histogram before the
+    state's write transaction: no backend ``run`` happens while the ledger file is locked. The
+    broken twin (``_ReadsInsideTheLock``, twin=True) reads inside it and is caught."""
+    database, _ = people
+    with _connect(database) as session:
+        session.open_stream("people", [("age", 1)], epsilon=1.0, updates=20)
+    backend = _LockWatchingBackend(database)
+    rng = np.random.default_rng(3)
+    with seeded(Session, database, analyst="alice", backend=backend, rng=rng) as session:
+        if twin:
+            session._streams.__class__ = _ReadsInsideTheLock
+        result = session.execute("SELECT COUNT(*) FROM people WHERE age < 50")
+        assert result.mechanism.startswith("stream:") and result.epsilon == 0
+    histogram_reads = [locked for sql, locked in backend.reads if "row_number()" in sql]
+    assert histogram_reads  # the histogram was read in this session
+    assert any(locked for _, locked in backend.reads) == twin
