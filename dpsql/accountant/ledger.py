@@ -446,12 +446,16 @@ class Ledger:
         plan: dict[str, Any],
         mechanism: str,
         partition: tuple[str, tuple[str, ...]] | None = None,
+        within: Callable[[sqlite3.Connection, LedgerEntry], None] | None = None,
     ) -> LedgerEntry:
         """Check both limits and record the charge atomically, or raise and record nothing.
 
         ``partition`` = (family, values) when the query reads only rows whose partition column
         holds one of ``values`` (declared values, as the database spells them); such charges
-        compose in parallel with charges on other values of the same family.
+        compose in parallel with charges on other values of the same family. ``within`` is
+        called with the connection and the new entry inside the charge's transaction (a record
+        that must be written with the charge or not at all, such as a stream's name; it reads
+        no data, the file being locked): if it raises, nothing is recorded.
         """
         cost = total(event)
         stored = None
@@ -496,7 +500,7 @@ class Ledger:
                         requested={"epsilon": cost.epsilon, "delta": cost.delta},
                         remaining={"epsilon": remaining.epsilon, "delta": remaining.delta},
                     )
-            return self._append(
+            entry = self._append(
                 connection,
                 now,
                 period=current,
@@ -510,6 +514,9 @@ class Ledger:
                 epsilon_units=cost.epsilon_units,
                 delta_units=cost.delta_units,
             )
+            if within is not None:
+                within(connection, entry)
+            return entry
 
     def budget(self, analyst: str | None = None) -> list[BudgetLine]:
         """Cap, spent and remaining for the dataset, each analyst (or just ``analyst``), and the
