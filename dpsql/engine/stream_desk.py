@@ -1,7 +1,8 @@
 """A session's streams: open one (charged once), route later counts to it, answer, list.
 
 The session owns one :class:`StreamDesk`. Opening charges the stream's whole (ε, δ) before any
-data is read and builds it after the charge; answering records a zero-cost ledger entry naming
+data is read, reserving its name among the analyst's own in the same transaction, and builds it
+after the charge; answering records a zero-cost ledger entry naming
 the stream before anything about the data is computed, and (PMW) commits the stream's new state
 under an exclusive lock before the answer is returned. See :mod:`dpsql.engine.streams`.
 """
