@@ -34,6 +34,8 @@ from dpsql.errors import BudgetExceededError, LedgerError, PolicyError
 __all__ = ["BudgetLine", "Ledger", "LedgerEntry", "current_actor"]
 
 _GENESIS = "0" * 64
+_EVERY = "*"
+"""The window of the running totals that holds every charge (a policy without a period)."""
 _TABLE = """
 CREATE TABLE IF NOT EXISTS entries (
     seq INTEGER PRIMARY KEY,
@@ -179,10 +181,13 @@ class Ledger:
     def __init__(self, path: str | Path, *, dataset: str):
         self.path = Path(path)
         self.dataset = dataset
-        self._cache: dict[str | None, list[tuple[Charge, str | None]]] = {None: []}
-        """Charges with their period labels: every one (None) and each analyst's."""
+        self._cache: dict[str | None, list[tuple[Charge, tuple[str | None, ...]]]] = {None: []}
+        """Charges with the windows they count in (``periods.windows``): every one (None) and
+        each analyst's."""
         self._totals: dict[str | None, dict[str | None, Totals]] = {}
-        """Running totals per analyst (None: the dataset), then per period label."""
+        """Running totals per analyst (None: the dataset), then per window: ``_EVERY`` (all
+        charges), None (those without a period label), and each month and year (the labelled
+        charges whose time lies in it)."""
         self.clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
         """The time of new entries, and so their budget period (a seam for tests)."""
         self._seen = 0
@@ -308,35 +313,38 @@ class Ledger:
 
     def _charges(
         self, connection: sqlite3.Connection, analyst: str | None = None
-    ) -> list[tuple[Charge, str | None]]:
-        """Every charge (of ``analyst``) with its period label, parsed once and cached; only new
-        entries are read, and each updates the running totals of the dataset and its analyst in
-        its period."""
+    ) -> list[tuple[Charge, tuple[str | None, ...]]]:
+        """Every charge (of ``analyst``) with the windows it counts in, parsed once and cached;
+        only new entries are read, and each updates the running totals of the dataset and its
+        analyst in every window it counts in."""
         rows = connection.execute(
-            "SELECT seq, analyst, epsilon_units, delta_units, payload, partition, period "
+            "SELECT seq, time, analyst, epsilon_units, delta_units, payload, partition, period "
             "FROM entries WHERE kind = 'charge' AND seq > ? ORDER BY seq",
             (self._seen,),
         ).fetchall()
-        for seq, name, e, d, payload, partition, period in rows:
+        for seq, time, name, e, d, payload, partition, period in rows:
             event = event_from_dict(json.loads(payload))
             charge = _charge(name, Cost(int(e), int(d)), event, partition)
-            self._cache[None].append((charge, period))
-            self._cache.setdefault(name, []).append((charge, period))
+            windows = periods.windows(period, time)
+            self._cache[None].append((charge, windows))
+            self._cache.setdefault(name, []).append((charge, windows))
             for who in (None, name):
-                self._totals.setdefault(who, {}).setdefault(period, Totals()).add(charge)
+                totals = self._totals.setdefault(who, {})
+                for window in (_EVERY, *windows):
+                    totals.setdefault(window, Totals()).add(charge)
             self._seen = seq
         return self._cache.setdefault(analyst, [])
 
-    def _in_period(
-        self, analyst: str | None, current: str | None
-    ) -> list[tuple[str | None, Totals]]:
-        """The running totals of ``analyst`` (None: the dataset) that count in period
-        ``current``."""
-        return [
-            (period, totals)
-            for period, totals in self._totals.get(analyst, {}).items()
-            if periods.counts(period, current)
-        ]
+    def _window(self, analyst: str | None, current: str | None) -> tuple[Cost, Totals]:
+        """What ``analyst`` (None: the dataset) spent in the window ``current`` (None: for
+        ever), as (the total of the unlabelled charges, which count in every window; the
+        running totals of the charges whose time lies in the window, which a new charge joins).
+        The totals are up to date after ``_charges``."""
+        totals = self._totals.get(analyst, {})
+        if current is None:
+            return Cost(), totals.get(_EVERY, Totals())
+        unlabelled = totals.get(None)
+        return (unlabelled.total() if unlabelled else Cost()), totals.get(current, Totals())
 
     def current_period(self, limits: Limits | None = None) -> str | None:
         """The label of the budget period now (None when the policy renews nothing)."""
@@ -351,24 +359,20 @@ class Ledger:
         extra: Charge | None = None,
         now: dt.datetime | None = None,
     ) -> Spend:
-        """Spent budget of the dataset (or ``analyst``) in the period holding ``now`` (default:
-        the clock), with ``extra`` added if given. Basic totals come from the running totals
-        (O(values ``extra`` touches) plus one step per period); the advanced bound, when
-        enabled, is recomputed over every step of the period."""
+        """Spent budget of the dataset (or ``analyst``) in the window of the policy's period
+        holding ``now`` (default: the clock), with ``extra`` added if given: every charge whose
+        time lies in that window counts, whatever period it was charged under (see
+        ``dpsql.accountant.periods``). Basic totals come from the running totals (O(values
+        ``extra`` touches)); the advanced bound, when enabled, is recomputed over every step of
+        the window."""
         current = periods.label(limits.period, now or self.clock())
         charges = self._charges(connection, analyst)  # also brings the running totals up to date
-        basic = Cost()
-        for period, totals in self._in_period(analyst, current):
-            if extra is not None and period == current:
-                basic = basic + totals.total_with(extra)
-            else:
-                basic = basic + totals.total()
-        if extra is not None and current not in self._totals.get(analyst, {}):
-            basic = basic + extra.cost
+        unlabelled, window = self._window(analyst, current)
+        basic = unlabelled + (window.total_with(extra) if extra is not None else window.total())
         advanced = zcdp = None
         if limits.advanced_delta is None and limits.zcdp_delta is None:
             return Spend(basic, advanced, zcdp)  # no pass over every step of the period
-        steps = [c for c, period in charges if periods.counts(period, current)]
+        steps = [c for c, windows in charges if periods.counts(windows, current)]
         if extra is not None:
             steps = [*steps, extra]
         if limits.advanced_delta is not None:
@@ -446,12 +450,16 @@ class Ledger:
         plan: dict[str, Any],
         mechanism: str,
         partition: tuple[str, tuple[str, ...]] | None = None,
+        within: Callable[[sqlite3.Connection, LedgerEntry], None] | None = None,
     ) -> LedgerEntry:
         """Check both limits and record the charge atomically, or raise and record nothing.
 
         ``partition`` = (family, values) when the query reads only rows whose partition column
         holds one of ``values`` (declared values, as the database spells them); such charges
-        compose in parallel with charges on other values of the same family.
+        compose in parallel with charges on other values of the same family. ``within`` is
+        called with the connection and the new entry inside the charge's transaction (a record
+        that must be written with the charge or not at all, such as a stream's name; it reads
+        no data, the file being locked): if it raises, nothing is recorded.
         """
         cost = total(event)
         stored = None
@@ -476,13 +484,8 @@ class Ledger:
                     spent = self._spend(connection, limits, scope, now=now).best
                     where = ""
                     if partition is not None:
-                        spent = sum(
-                            (
-                                totals.at(*partition) if period == current else totals.total()
-                                for period, totals in self._in_period(scope, current)
-                            ),
-                            Cost(),
-                        )
+                        unlabelled, window = self._window(scope, current)
+                        spent = unlabelled + window.at(*partition)
                         column = partition[0].split(".", 1)[-1]
                         shown = ", ".join(sorted(set(partition[1]))[:5])
                         more = ", ..." if len(set(partition[1])) > 5 else ""
@@ -496,7 +499,7 @@ class Ledger:
                         requested={"epsilon": cost.epsilon, "delta": cost.delta},
                         remaining={"epsilon": remaining.epsilon, "delta": remaining.delta},
                     )
-            return self._append(
+            entry = self._append(
                 connection,
                 now,
                 period=current,
@@ -510,34 +513,38 @@ class Ledger:
                 epsilon_units=cost.epsilon_units,
                 delta_units=cost.delta_units,
             )
+            if within is not None:
+                within(connection, entry)
+            return entry
 
     def budget(self, analyst: str | None = None) -> list[BudgetLine]:
         """Cap, spent and remaining for the dataset, each analyst (or just ``analyst``), and the
-        people of each partition value that a partitioned charge touched."""
+        people of each partition value that a partitioned charge touched: the whole dataset's
+        spending on them against its cap, or, for one ``analyst``, only that analyst's own
+        against their allocation (an analyst is not shown where the others spent)."""
         connection = self._connection
         limits = self._limits(connection)
         now = self.clock()
         current = periods.label(limits.period, now)
         dataset = self._spend(connection, limits, now=now)
         lines = [
-            BudgetLine(
-                "dataset", self.dataset, limits.dataset, dataset.best, dataset.rule, current
-            )
+            BudgetLine("dataset", self.dataset, limits.dataset, dataset.best, dataset.rule, current)
         ]
         for name, allocation in sorted(limits.analysts.items()):
             if analyst is None or name == analyst:
                 used = self._spend(connection, limits, name, now=now)
-                lines.append(
-                    BudgetLine("analyst", name, allocation, used.best, used.rule, current)
-                )
+                lines.append(BudgetLine("analyst", name, allocation, used.best, used.rule, current))
         if analyst is not None and len(lines) == 1:
             raise PolicyError(f"analyst {analyst!r} has no allocation in the policy")
-        # Partition lines: the charges labelled with this period (or with none, when the caps
-        # never renew); the dataset line above also counts unlabelled charges of earlier policies.
-        shown = self._totals.get(None, {}).get(current, Totals())
+        # Partition lines: the spending on the people of each value in the current window, as the
+        # cap check counts it.
+        cap = limits.dataset if analyst is None else limits.analysts[analyst]
+        unlabelled, window = self._window(analyst, current)
         lines += [
-            BudgetLine("partition", f"{family} = {value!r}", limits.dataset, spent, period=current)
-            for family, value, spent in shown.per_value()
+            BudgetLine(
+                "partition", f"{family} = {value!r}", cap, unlabelled + spent, period=current
+            )
+            for family, value, spent in window.per_value()
         ]
         return lines
 

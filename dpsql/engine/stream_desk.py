@@ -1,7 +1,8 @@
 """A session's streams: open one (charged once), route later counts to it, answer, list.
 
 The session owns one :class:`StreamDesk`. Opening charges the stream's whole (ε, δ) before any
-data is read and builds it after the charge; answering records a zero-cost ledger entry naming
+data is read, reserving its name among the analyst's own in the same transaction, and builds it
+after the charge; answering records a zero-cost ledger entry naming
 the stream before anything about the data is computed, and (PMW) commits the stream's new state
 under an exclusive lock before the answer is returned. See :mod:`dpsql.engine.streams`.
 """
@@ -9,6 +10,7 @@ under an exclusive lock before the answer is returned. See :mod:`dpsql.engine.st
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
@@ -35,7 +37,6 @@ from dpsql.engine.streams import (
     dense_histogram,
     fixed_filter,
     histogram_sql,
-    now,
     open_event,
     split_where,
     stream_columns,
@@ -89,9 +90,11 @@ class StreamDesk:
     def __init__(self, session: Session, store: StreamStore):
         self._session = session
         self._store = store
-        self._histograms: dict[str, np.ndarray] = {}
-        self._trees: dict[str, HierarchicalHistogram] = {}
-        self._pmw: dict[str, OnlinePMW] = {}
+        self._histograms: dict[tuple[str, str], np.ndarray] = {}
+        self._trees: dict[tuple[str, str], HierarchicalHistogram] = {}
+        self._pmw: dict[tuple[str, str], OnlinePMW] = {}
+        self._reserved: dict[int, str] = {}
+        """The name each charge of this session reserved (by ledger entry)."""
 
     def close(self) -> None:
         self._store.close()
@@ -149,9 +152,12 @@ class StreamDesk:
         if fixed:
             params["filter"] = list(fixed)
         params["salt"] = int(session.rng.integers(0, 2**62))
-        if name is not None and (not name.isidentifier() or len(name) > 64):
+        named = isinstance(name, str) and name.isidentifier() and len(name) <= 64
+        if name is not None and not named:
             raise ParameterError(f"a stream name is an identifier of <= 64 characters: {name!r}")
-        if name is not None and any(s.name == name for s in self._store.all()):
+        # Names are per analyst: only this analyst's own are looked at, here and when the charge
+        # reserves the name (``StreamStore.reserve``), so nothing about names fails after it.
+        if name is not None and self._store.exists(session.analyst, name):
             raise ParameterError(f"a stream named {name!r} exists already")
         return StreamPlan(
             found,
@@ -272,16 +278,58 @@ class StreamDesk:
         }
 
     def charge(self, plan: StreamPlan) -> LedgerEntry:
+        """Charge the stream's whole cost and, in the same transaction, reserve its name for
+        this analyst (a chosen name taken since ``plan`` refuses the charge; an automatic one
+        takes a free suffix), so building it cannot fail on its name."""
+        session = self._session
         event = open_event(plan.mechanism, plan.epsilon, plan.delta, plan.columns, plan.params)
-        return self._session.charge(
-            event,
+
+        def reserve(connection: sqlite3.Connection, entry: LedgerEntry) -> None:
+            stream = self._stream(plan, entry, plan.name or _automatic_name(plan, entry), b"", "{}")
+            self._reserved[entry.seq] = StreamStore.reserve(
+                connection, stream, automatic=plan.name is None
+            )
+
+        return session._ledger.charge(
+            analyst=session.analyst,
+            event=event,
             query=plan.query,
             plan={"columns": [c.to_dict() for c in plan.columns], **plan.params},
             mechanism=f"stream:{plan.mechanism}",
+            within=reserve,
+        )
+
+    def _stream(
+        self, plan: StreamPlan, entry: LedgerEntry, name: str, data: bytes, state: str
+    ) -> Stream:
+        return Stream(
+            name,
+            entry.time,
+            plan.table,
+            plan.columns,
+            plan.mechanism,
+            plan.epsilon,
+            plan.delta,
+            entry.seq,
+            plan.params,
+            data,
+            state,
+            0,
+            self._session.analyst,
         )
 
     def build(self, plan: StreamPlan, entry: LedgerEntry) -> dict[str, Any]:
-        """Read the bounded histogram and release the structure (after the charge)."""
+        """Read the bounded histogram and release the structure under the name the charge
+        reserved (after the charge); a failure gives the name up again."""
+        name = self._reserved.pop(entry.seq)
+        reserved = self._stream(plan, entry, name, b"", "{}")
+        try:
+            return self._build(plan, entry, reserved)
+        except BaseException:
+            self._store.release(reserved)
+            raise
+
+    def _build(self, plan: StreamPlan, entry: LedgerEntry, reserved: Stream) -> dict[str, Any]:
         histogram = self._read_histogram(
             plan.table,
             plan.unit,
@@ -304,25 +352,9 @@ class StreamDesk:
         else:
             pmw = self._new_pmw(histogram, plan.epsilon, plan.delta, params)
             data, state = pmw.state().arrays(), pmw.state().header()
-        name = plan.name or (
-            f"{plan.table}_{'_'.join(c.name for c in plan.columns)}_{plan.mechanism}_{entry.seq}"
-        )
-        stream = Stream(
-            name,
-            now(),
-            plan.table,
-            plan.columns,
-            plan.mechanism,
-            plan.epsilon,
-            plan.delta,
-            entry.seq,
-            params,
-            data,
-            state,
-            0,
-        )
+        stream = replace(reserved, data=data, state=state)
         self._store.save(stream)
-        self._histograms[name] = histogram
+        self._histograms[stream.key] = histogram
         return self._describe(stream)
 
     def _read_histogram(
@@ -428,14 +460,14 @@ class StreamDesk:
         entry = self._session.charge(
             PostProcessingEvent(f"stream:{stream.name}", "COUNT(*)"),
             query=normalized,
-            plan={"stream": stream.name},
+            plan={"stream": stream.name, "owner": stream.analyst},
             mechanism="stream",
         )
         confidence = self._session.policy.dataset.confidence
         if stream.mechanism == "range_tree":
-            tree = self._trees.get(stream.name)
+            tree = self._trees.get(stream.key)
             if tree is None:
-                tree = self._trees[stream.name] = HierarchicalHistogram.from_bytes(stream.data)
+                tree = self._trees[stream.key] = HierarchicalHistogram.from_bytes(stream.data)
             found = tree.answer_cells(selected, confidence)
             value, interval = found.value, (found.lower, found.upper)
             details: dict[str, Any] = {
@@ -468,32 +500,42 @@ class StreamDesk:
             ledger_entry=entry.seq,
         )
 
-    def _pmw_for(self, stream: Stream) -> OnlinePMW:
-        pmw = self._pmw.get(stream.name)
+    def _histogram_for(self, stream: Stream) -> np.ndarray:
+        """The stream's bounded histogram: read once per session (a PMW stream opened in an
+        earlier session re-reads it, with its stored salt, so it is the same histogram)."""
+        histogram = self._histograms.get(stream.key)
+        if histogram is None:
+            policy = self._session.policy.table(stream.table)
+            assert policy is not None
+            histogram = self._read_histogram(
+                stream.table,
+                policy.privacy_unit,
+                int(stream.params["sensitivity"]),
+                stream.columns,
+                stream.params["salt"],
+                fixed_filter(stream),
+            )
+            self._histograms[stream.key] = histogram
+        return histogram
+
+    def _pmw_for(self, stream: Stream, histogram: np.ndarray) -> OnlinePMW:
+        pmw = self._pmw.get(stream.key)
         if pmw is None:
-            histogram = self._histograms.get(stream.name)
-            if histogram is None:
-                policy = self._session.policy.table(stream.table)
-                assert policy is not None
-                histogram = self._read_histogram(
-                    stream.table,
-                    policy.privacy_unit,
-                    int(stream.params["sensitivity"]),
-                    stream.columns,
-                    stream.params["salt"],
-                    fixed_filter(stream),
-                )
-                self._histograms[stream.name] = histogram
             state = PMWState.from_parts(stream.state, stream.data)
             pmw = self._new_pmw(histogram, stream.epsilon, stream.delta, stream.params, state)
-            self._pmw[stream.name] = pmw
+            self._pmw[stream.key] = pmw
         return pmw
 
     def _ask(
         self, stream: Stream, selected: np.ndarray, confidence: float
     ) -> tuple[float, tuple[float, float], dict[str, Any], float]:
+        # The data are read here, before ``advance`` takes the ledger file's write lock: a scan
+        # inside it would hold every other analyst's charge until it ends. Inside the lock only
+        # the stored state is read and rewritten.
+        histogram = self._histogram_for(stream)
+
         def step(current: Stream) -> tuple[str, bytes | None, Any]:
-            pmw = self._pmw_for(current)
+            pmw = self._pmw_for(current, histogram)
             pmw.load_state(PMWState.from_parts(current.state, current.data))
             if pmw.halted:
                 raise StreamExhaustedError(
@@ -504,7 +546,7 @@ class StreamDesk:
             state = pmw.state()
             return state.header(), state.arrays() if answer.updated else None, (answer, pmw)
 
-        answer, pmw = self._store.advance(stream.name, step)
+        answer, pmw = self._store.advance(stream.key, step)
         alpha = pmw.alpha(max(pmw.queries_seen, 1), 1.0 - confidence)
         details = {
             "stream": stream.name,
@@ -525,6 +567,11 @@ class StreamDesk:
 
     def listing(self) -> list[dict[str, Any]]:
         return list_streams(self._store, self._session._synopsis_owner())
+
+
+def _automatic_name(plan: StreamPlan, entry: LedgerEntry) -> str:
+    """A stream's name when none is given: its table, columns, mechanism and ledger entry."""
+    return f"{plan.table}_{'_'.join(c.name for c in plan.columns)}_{plan.mechanism}_{entry.seq}"
 
 
 def _one_message(work: Callable[[], Any]) -> Any:

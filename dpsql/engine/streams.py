@@ -32,12 +32,11 @@ is NULL) are outside the domain: a stream's counts measure the rows inside it.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 import math
 import sqlite3
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -80,9 +79,24 @@ DEFAULT_WARM_SHARE = 0.8
 DEFAULT_REPLAYS = 10
 DEFAULT_EXPECTED_QUERIES = 1000
 
+_COLUMNS = (
+    "name",
+    "created",
+    "source_table",
+    "columns",
+    "mechanism",
+    "epsilon",
+    "delta",
+    "ledger_entry",
+    "params",
+    "data",
+    "state",
+    "answered",
+    "analyst",
+)
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS streams (
-    name TEXT PRIMARY KEY,
+CREATE TABLE IF NOT EXISTS {table} (
+    name TEXT NOT NULL,
     created TEXT NOT NULL,
     source_table TEXT NOT NULL,
     columns TEXT NOT NULL,
@@ -93,9 +107,14 @@ CREATE TABLE IF NOT EXISTS streams (
     params TEXT NOT NULL,
     data BLOB NOT NULL,
     state TEXT NOT NULL,
-    answered INTEGER NOT NULL DEFAULT 0
+    answered INTEGER NOT NULL DEFAULT 0,
+    analyst TEXT NOT NULL,
+    PRIMARY KEY (analyst, name)
 )
 """
+"""Stream names are per analyst: (analyst, name) is the key, the analyst being the one whose
+ledger entry paid for the stream. A row with empty ``data`` is a name reserved by a charge whose
+stream is being built; it answers nothing and is listed nowhere."""
 
 
 class StreamExhaustedError(PrivacyError):
@@ -185,6 +204,13 @@ class Stream:
     data: bytes
     state: str
     answered: int
+    analyst: str = ""
+    """Who paid for it (the analyst of its ledger entry); names are unique per analyst."""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """What identifies the stream: (analyst, name)."""
+        return self.analyst, self.name
 
     @property
     def cells(self) -> int:
@@ -226,6 +252,7 @@ def _row(row: tuple[Any, ...]) -> Stream:
         data,
         state,
         answered,
+        analyst,
     ) = row
     return Stream(
         name,
@@ -240,11 +267,13 @@ def _row(row: tuple[Any, ...]) -> Stream:
         bytes(data),
         state,
         answered,
+        analyst,
     )
 
 
-_OWNED = "(? IS NULL OR ledger_entry IN (SELECT seq FROM entries WHERE analyst = ?))"
-"""Who paid for a stream is the analyst of the ledger entry that charged it (same file)."""
+_SELECT = f"SELECT {', '.join(_COLUMNS)} FROM streams"
+_USABLE = "length(data) > 0 AND (? IS NULL OR analyst = ?)"
+"""Built streams (not reserved names) of every analyst (None) or of one."""
 
 
 class StreamStore:
@@ -253,16 +282,79 @@ class StreamStore:
     def __init__(self, path: str | Path):
         try:
             self._connection = sqlite3.connect(Path(path), timeout=60, isolation_level=None)
-            self._connection.execute(_SCHEMA)
+            self._connection.execute(_SCHEMA.format(table="streams"))
+            if "analyst" not in self._columns():
+                self._key_by_analyst()
         except sqlite3.DatabaseError as error:
             raise LedgerError(f"stream store {str(path)!r} is unreadable ({error})") from None
+
+    def _columns(self) -> set[str]:
+        return {row[1] for row in self._connection.execute("PRAGMA table_info(streams)")}
+
+    def _key_by_analyst(self) -> None:
+        """Stores written when stream names were global: rebuild the table once, keyed by
+        (analyst, name), each stream's analyst being that of the ledger entry that paid for it
+        (every name was unique, so every pair is)."""
+        connection = self._connection
+        connection.execute("BEGIN IMMEDIATE")
+        try:
+            if "analyst" not in self._columns():
+                ledgered = connection.execute(
+                    "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'entries'"
+                ).fetchone()
+                payer = (
+                    "(SELECT analyst FROM entries WHERE seq = streams.ledger_entry)"
+                    if ledgered
+                    else "NULL"
+                )
+                kept = ", ".join(_COLUMNS[:-1])
+                connection.execute(_SCHEMA.format(table="streams_by_analyst"))
+                connection.execute(
+                    f"INSERT INTO streams_by_analyst ({kept}, analyst) "
+                    f"SELECT {kept}, coalesce({payer}, '') FROM streams"
+                )
+                connection.execute("DROP TABLE streams")
+                connection.execute("ALTER TABLE streams_by_analyst RENAME TO streams")
+            connection.execute("COMMIT")
+        except BaseException:
+            connection.execute("ROLLBACK")
+            raise
 
     def close(self) -> None:
         self._connection.close()
 
-    def save(self, stream: Stream) -> None:
-        self._connection.execute(
-            "INSERT INTO streams VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    def exists(self, analyst: str, name: str) -> bool:
+        """Whether ``analyst`` has a stream (or a reserved name) called ``name``."""
+        return (
+            self._connection.execute(
+                "SELECT 1 FROM streams WHERE analyst = ? AND name = ?", (analyst, name)
+            ).fetchone()
+            is not None
+        )
+
+    @staticmethod
+    def reserve(connection: sqlite3.Connection, stream: Stream, automatic: bool) -> str:
+        """Inside the charge's own transaction (``connection`` is the ledger's): store
+        ``stream`` without data, reserving its name for its analyst, and return the name. An
+        ``automatic`` name that the analyst already holds gets the first free suffix (``_2``,
+        ...); a chosen one that is taken raises ``ParameterError``, so the charge is not
+        recorded. Only the analyst's own names are looked at."""
+        name = stream.name
+        taken = "SELECT 1 FROM streams WHERE analyst = ? AND name = ?"
+        suffix = 1
+        while connection.execute(taken, (stream.analyst, name)).fetchone() is not None:
+            if not automatic:
+                raise ParameterError(f"a stream named {name!r} exists already")
+            suffix += 1
+            name = f"{stream.name}_{suffix}"
+        StreamStore._insert(connection, replace(stream, name=name, data=b""))
+        return name
+
+    @staticmethod
+    def _insert(connection: sqlite3.Connection, stream: Stream) -> None:
+        connection.execute(
+            f"INSERT INTO streams ({', '.join(_COLUMNS)}) "
+            f"VALUES ({', '.join('?' * len(_COLUMNS))})",
             (
                 stream.name,
                 stream.created,
@@ -276,50 +368,71 @@ class StreamStore:
                 stream.data,
                 stream.state,
                 0,
+                stream.analyst,
             ),
+        )
+
+    def save(self, stream: Stream) -> None:
+        """Store ``stream``: the data and state of its reserved name (which cannot clash: it is
+        already held), or a new row when none was reserved."""
+        updated = self._connection.execute(
+            "UPDATE streams SET data = ?, state = ? WHERE analyst = ? AND name = ? "
+            "AND ledger_entry = ? AND length(data) = 0",
+            (stream.data, stream.state, stream.analyst, stream.name, stream.ledger_entry),
+        )
+        if updated.rowcount == 0:
+            self._insert(self._connection, stream)
+
+    def release(self, stream: Stream) -> None:
+        """Give up a reserved name whose stream was never built."""
+        self._connection.execute(
+            "DELETE FROM streams WHERE analyst = ? AND name = ? AND length(data) = 0",
+            stream.key,
         )
 
     def all(self, owner: str | None = None) -> list[Stream]:
         """Every stream, or only those paid for by analyst ``owner``."""
         rows = self._connection.execute(
-            f"SELECT * FROM streams WHERE {_OWNED} ORDER BY created, name", (owner, owner)
+            f"{_SELECT} WHERE {_USABLE} ORDER BY created, analyst, name", (owner, owner)
         )
         return [_row(r) for r in rows.fetchall()]
 
     def for_table(self, table: str, owner: str | None = None) -> list[Stream]:
         """The streams over ``table`` this owner may use, newest first."""
         rows = self._connection.execute(
-            f"SELECT * FROM streams WHERE lower(source_table) = lower(?) AND {_OWNED} "
+            f"{_SELECT} WHERE lower(source_table) = lower(?) AND {_USABLE} "
             "ORDER BY created DESC, ledger_entry DESC",
             (table, owner, owner),
         )
         return [_row(r) for r in rows.fetchall()]
 
-    def advance(self, name: str, step: Callable[[Stream], tuple[str, bytes | None, Any]]) -> Any:
-        """Under an exclusive lock: read the stream, ``step`` it to a new state (and new data, or
-        None when unchanged) and a result, store them (and one more answered query) and commit;
-        only then return the result."""
+    def advance(
+        self, key: tuple[str, str], step: Callable[[Stream], tuple[str, bytes | None, Any]]
+    ) -> Any:
+        """Under an exclusive lock: read the stream ``key`` (analyst, name), ``step`` it to a new
+        state (and new data, or None when unchanged) and a result, store them (and one more
+        answered query) and commit; only then return the result. The lock is the ledger file's
+        write lock, which every charge waits for: ``step`` computes from the stored state and
+        what was read before, never reads the data."""
         connection = self._connection
         connection.execute("BEGIN IMMEDIATE")
         try:
-            row = connection.execute("SELECT * FROM streams WHERE name = ?", (name,)).fetchone()
+            row = connection.execute(
+                f"{_SELECT} WHERE analyst = ? AND name = ? AND length(data) > 0", key
+            ).fetchone()
             if row is None:
-                raise ParameterError(f"no stream named {name!r}")
+                raise ParameterError(f"no stream named {key[1]!r}")
             state, data, result = step(_row(row))
             connection.execute(
                 "UPDATE streams SET state = ?, data = coalesce(?, data), answered = answered + 1 "
-                "WHERE name = ?",
-                (state, data, name),
+                "WHERE analyst = ? AND name = ?",
+                (state, data, *key),
             )
             connection.execute("COMMIT")
         except BaseException:
             connection.execute("ROLLBACK")
             raise
         return result
-
-
-def now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="microseconds")
 
 
 # --- declaring a stream ---------------------------------------------------------------------------

@@ -92,6 +92,45 @@ def test_partitions_bind_across_analysts(partitioned: Path) -> None:
             db.execute("SELECT COUNT(*) FROM visits WHERE country = 'DK'", epsilon=0.5)
 
 
+def test_an_analyst_sees_only_their_own_partition_spending(partitioned: Path, capsys) -> None:
+    """An analyst's budget view (session, ``database_budget`` with the analyst, ``dpsql budget
+    --analyst``) lists only the partition values they spent on, against their allocation; the
+    administrator's view lists everyone's against the dataset cap."""
+    from dpsql.cli import main
+
+    with dpsql.connect(partitioned, analyst="a") as db:
+        db.execute("SELECT COUNT(*) FROM visits WHERE country = 'DK'", epsilon=0.7)
+    with dpsql.connect(partitioned, analyst="b") as db:
+        db.execute("SELECT COUNT(*) FROM visits WHERE country = 'NO'", epsilon=0.4)
+        db.execute("SELECT COUNT(*) FROM visits WHERE country IN ('NO', 'SE')", epsilon=0.2)
+        own = db.budget()
+
+    def partitions(lines) -> dict[str, tuple[float, float]]:
+        return {
+            line.name: (round(line.epsilon_spent, 9), line.epsilon_cap)
+            for line in lines
+            if line.scope == "partition"
+        }
+
+    assert partitions(own.lines) == {
+        "visits.country = 'NO'": (0.6, 1.0),
+        "visits.country = 'SE'": (0.2, 1.0),
+    }
+    assert partitions(database_budget(partitioned, "a").lines) == {
+        "visits.country = 'DK'": (0.7, 1.0)
+    }
+    assert partitions(database_budget(partitioned).lines) == {
+        "visits.country = 'DK'": (0.7, 1.0),
+        "visits.country = 'NO'": (0.6, 1.0),
+        "visits.country = 'SE'": (0.2, 1.0),
+    }
+    assert main(["budget", "--db", str(partitioned), "--analyst", "a", "--format", "json"]) == 0
+    shown = json.loads(capsys.readouterr().out)["lines"]
+    assert [line["name"] for line in shown if line["scope"] == "partition"] == [
+        "visits.country = 'DK'"
+    ]
+
+
 def test_overlapping_predicates_are_charged_sequentially(partitioned: Path) -> None:
     with dpsql.connect(partitioned, analyst="a") as db:
         db.execute("SELECT COUNT(*) FROM visits WHERE country >= 'DK'", epsilon=0.5)

@@ -5,6 +5,7 @@ exhausted with a clear error, persisted between sessions, per analyst unless sha
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -12,11 +13,13 @@ import pandas as pd
 import pytest
 
 from dpsql.cli import main
-from dpsql.engine.session import database_synopses, ledger_path
+from dpsql.engine.backends import DuckDBBackend
+from dpsql.engine.session import Session, database_synopses, ledger_path, show_policy
+from dpsql.engine.stream_desk import StreamDesk
 from dpsql.engine.streams import StreamColumn, StreamExhaustedError, StreamStore, stream_params
 from dpsql.errors import ParameterError, UnsupportedQueryError
 from dpsql.mechanisms.pmw import PMWState
-from tests.conftest import make_database, seeded_connect
+from tests.conftest import make_database, seeded, seeded_connect
 
 ROWS = 20_000
 
@@ -243,12 +246,117 @@ def test_bad_streams_are_refused_and_charge_nothing(people, table, columns, kwar
         assert session.synopses() == []
 
 
-def test_stream_names_are_unique(people) -> None:
+def test_stream_names_are_unique_per_analyst_and_refused_before_the_charge(people) -> None:
     database, _ = people
     with _connect(database) as session:
         session.open_stream("people", [("age", 1)], epsilon=0.5, name="ages")
-        with pytest.raises(ParameterError, match="exists already"):
+        entries = session.ledger()
+        with pytest.raises(ParameterError, match="a stream named 'ages' exists already"):
             session.open_stream("people", [("age", 1)], epsilon=0.5, name="ages")
+        assert session.ledger() == entries
+        # Two openings of one name both pass the check before either is charged (as in two
+        # sessions): the second charge's own transaction refuses it, and records nothing.
+        desk = session._streams
+        plans = [
+            desk.plan(
+                "people",
+                [(column, 1)],
+                mechanism="range_tree",
+                epsilon=0.5,
+                delta=0.0,
+                updates=None,
+                threshold=None,
+                expected_queries=1000,
+                name="incomes",
+            )
+            for column in ("income", "age")
+        ]
+        assert desk.build(plans[0], desk.charge(plans[0]))["name"] == "incomes"
+        plan = plans[1]
+        entries = session.ledger()
+        with pytest.raises(ParameterError, match="a stream named 'incomes' exists already"):
+            desk.charge(plan)
+        assert session.ledger() == entries
+        assert session.budget().for_analyst("alice").epsilon_spent == pytest.approx(1.0)
+    with _connect(database, "bob") as session:
+        # bob's names are his own: alice's "ages" neither blocks nor shows.
+        mine = session.open_stream("people", [("age", 1)], epsilon=0.5, name="ages")
+        assert mine["name"] == "ages"
+        with pytest.raises(ParameterError) as refused:
+            session.open_stream("people", [("nope", 1)], epsilon=0.5, name="incomes")
+        assert "incomes" not in str(refused.value)
+        assert [s["name"] for s in session.synopses()] == ["ages"]
+        assert session.budget().for_analyst("bob").epsilon_spent == pytest.approx(0.5)
+
+
+def _next_seq(database: Path) -> int:
+    connection = sqlite3.connect(ledger_path(database))
+    try:
+        return connection.execute("SELECT MAX(seq) FROM entries").fetchone()[0] + 1
+    finally:
+        connection.close()
+
+
+def test_another_analyst_cannot_take_an_automatic_name(people) -> None:
+    """bob registers the name alice's next automatic stream will have: alice's opening still
+    succeeds under that name, and each answers from their own stream."""
+    database, frame = people
+    with _connect(database, "bob") as bob:
+        taken = f"people_age_range_tree_{_next_seq(database) + 1}"
+        bob.open_stream("people", [("age", 10)], epsilon=0.5, mechanism="range_tree", name=taken)
+    with _connect(database) as alice:
+        opened = alice.open_stream("people", [("age", 1)], epsilon=0.5, mechanism="range_tree")
+        assert opened["name"] == taken
+        result = alice.execute("SELECT COUNT(*) AS n FROM people WHERE age BETWEEN 31 AND 33")
+        assert result.mechanism == f"stream:{taken}" and result.epsilon == 0
+        ((lower, upper),) = result.intervals["n"]
+        assert lower <= int(frame.age.between(31, 33).sum()) <= upper
+        # alice's own stream, not bob's (whose cells of 10 cannot answer 31..33).
+        assert alice.ledger()[-1]["plan"] == {"stream": taken, "owner": "alice"}
+    with _connect(database, "bob") as bob:
+        assert [s["cells"] for s in bob.synopses()] == [10]
+
+
+def test_an_automatic_name_the_analyst_holds_gets_a_suffix(people) -> None:
+    database, _ = people
+    with _connect(database) as session:
+        taken = f"people_age_range_tree_{_next_seq(database) + 1}"
+        session.open_stream(
+            "people", [("income", 1)], epsilon=0.5, mechanism="range_tree", name=taken
+        )
+        opened = session.open_stream("people", [("age", 1)], epsilon=0.5, mechanism="range_tree")
+        assert opened["name"] == f"{taken}_2"
+        assert session.budget().for_analyst("alice").epsilon_spent == pytest.approx(1.0)
+
+
+def test_a_store_with_global_names_is_keyed_by_analyst_on_opening(people) -> None:
+    """A ledger file whose ``streams`` table predates per-analyst names (``name`` its primary
+    key, no ``analyst``) opens; each stream belongs to the analyst who paid for it."""
+    database, _ = people
+    with _connect(database) as session:
+        session.open_stream("people", [("age", 1)], epsilon=0.5, mechanism="range_tree", name="a")
+    connection = sqlite3.connect(ledger_path(database))
+    old = (
+        "name, created, source_table, columns, mechanism, epsilon, delta, ledger_entry, params, "
+        "data, state, answered"
+    )
+    connection.executescript(
+        "ALTER TABLE streams RENAME TO newer;"
+        "CREATE TABLE streams (name TEXT PRIMARY KEY, created TEXT NOT NULL, source_table TEXT "
+        "NOT NULL, columns TEXT NOT NULL, mechanism TEXT NOT NULL, epsilon REAL NOT NULL, delta "
+        "REAL NOT NULL, ledger_entry INTEGER NOT NULL, params TEXT NOT NULL, data BLOB NOT NULL, "
+        "state TEXT NOT NULL, answered INTEGER NOT NULL DEFAULT 0);"
+        f"INSERT INTO streams SELECT {old} FROM newer; DROP TABLE newer;"
+    )
+    connection.close()
+    sql = "SELECT COUNT(*) FROM people WHERE age < 40"
+    with _connect(database) as session:
+        assert session.execute(sql).mechanism == "stream:a"
+    with _connect(database, "bob") as session:
+        assert session.synopses() == []
+        assert session.open_stream("people", [("age", 1)], epsilon=0.5, name="a")["name"] == "a"
+    (owner,) = StreamStore(ledger_path(database)).all("alice")
+    assert (owner.name, owner.analyst) == ("a", "alice")
 
 
 def test_cli_stream_open_and_synopses(people, capsys) -> None:
@@ -370,3 +478,75 @@ def test_pmw_streams_have_bounded_state(people) -> None:
             )
         with pytest.raises(ParameterError, match=r"updates must be an integer in \[1, 1000\]"):
             session.open_stream("people", [("age", 1)], epsilon=1.0, updates=1001)
+
+
+class _LockWatchingBackend:
+    """The database, noting every ``run`` made while a connection holds the ledger file's write
+    lock (found by trying to take that lock without waiting)."""
+
+    def __init__(self, database: Path):
+        self._inner = DuckDBBackend.for_policy(database, show_policy(database))
+        self._ledger = ledger_path(database)
+        self.dialect = self._inner.dialect
+        self.reads: list[tuple[str, bool]] = []
+
+    def catalog(self) -> dict[str, dict[str, str]]:
+        return self._inner.catalog()
+
+    def run(self, sql: str) -> pd.DataFrame:
+        probe = sqlite3.connect(self._ledger, timeout=0, isolation_level=None)
+        try:
+            probe.execute("BEGIN IMMEDIATE")
+            probe.execute("ROLLBACK")
+            locked = False
+        except sqlite3.OperationalError:
+            locked = True
+        finally:
+            probe.close()
+        self.reads.append((sql, locked))
+        return self._inner.run(sql)
+
+    def close(self) -> None:
+        self._inner.close()
+
+
+class _ReadsInsideTheLock(StreamDesk):
+    """The deliberately broken twin: the old ordering, reading the histogram inside the step
+    that ``StreamStore.advance`` runs under the ledger file's write lock."""
+
+    def _ask(self, stream, selected, confidence):
+        advance = self._store.advance
+
+        def reading_inside(name, step):
+            def step_reading(current):
+                self._histograms.clear()  # as before: nothing read before the lock
+                self._histogram_for(current)
+                return step(current)
+
+            return advance(name, step_reading)
+
+        self._store.advance = reading_inside  # type: ignore[method-assign]
+        try:
+            return super()._ask(stream, selected, confidence)
+        finally:
+            self._store.advance = advance  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("twin", [False, True])
+def test_a_pmw_stream_in_a_new_session_reads_no_data_inside_the_ledger_lock(people, twin):
+    """A new session answering from a stored PMW stream re-reads its histogram before the
+    state's write transaction: no backend ``run`` happens while the ledger file is locked. The
+    broken twin (``_ReadsInsideTheLock``, twin=True) reads inside it and is caught."""
+    database, _ = people
+    with _connect(database) as session:
+        session.open_stream("people", [("age", 1)], epsilon=1.0, updates=20)
+    backend = _LockWatchingBackend(database)
+    rng = np.random.default_rng(3)
+    with seeded(Session, database, analyst="alice", backend=backend, rng=rng) as session:
+        if twin:
+            session._streams.__class__ = _ReadsInsideTheLock
+        result = session.execute("SELECT COUNT(*) FROM people WHERE age < 50")
+        assert result.mechanism.startswith("stream:") and result.epsilon == 0
+    histogram_reads = [locked for sql, locked in backend.reads if "row_number()" in sql]
+    assert histogram_reads  # the histogram was read in this session
+    assert any(locked for _, locked in backend.reads) == twin
