@@ -1,7 +1,10 @@
-"""The privacy invariant suite (tests/engine/test_invariants.py) at many more examples per type.
+"""The privacy invariant suites at many more examples: partitions and literals
+(tests/engine/test_invariants.py, per column type and property) and neighbouring databases for
+expressions, computed keys and rows without a unit (tests/engine/test_neighbours.py, per
+property).
 
-The test suite runs 25 hypothesis examples per column type and property; this run uses
-``--examples`` (default 500) and reports how many queries were tried and the wall time.
+The test suite runs 25 hypothesis examples each; this run uses ``--examples`` (default 500) and
+reports the wall time.
 
     python benchmarks/bench_invariants.py --examples 500
 """
@@ -25,13 +28,13 @@ def main() -> int:
     started = time.perf_counter()
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "tests/engine/test_invariants.py"],
+         "tests/engine/test_invariants.py", "tests/engine/test_neighbours.py"],
         cwd=root,
         env=environment,
         check=False,
     )
     elapsed = time.perf_counter() - started
-    print(f"invariants: {args.examples} examples per type and property, {elapsed:.0f} s, "
+    print(f"invariants: {args.examples} examples per property (and type), {elapsed:.0f} s, "
           f"exit {result.returncode}")
     return result.returncode
 
