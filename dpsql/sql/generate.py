@@ -421,6 +421,17 @@ class _Chain:
     cut: int
 
 
+def _group_value(shape: QueryShape, column: str) -> str:
+    """A group column as the aggregation reads it. A float's zero is read as +0: -0.0 and 0.0 are
+    one value in the database's equality (one group) but print differently, and a group prints
+    as whichever of its rows came first, so one person's -0.0 could move the group away from
+    its declared key's spelling."""
+    name = identifier(column)
+    if shape.columns.get(column) is not ColumnKind.FLOAT or column not in shape.types:
+        return name
+    return f"(CASE WHEN {name} = 0 THEN CAST(0 AS {shape.types[column]}) ELSE {name} END)"
+
+
 def _chain(
     shape: QueryShape,
     measures: Sequence[Measure],
@@ -432,7 +443,9 @@ def _chain(
 ) -> _Chain:
     keys = [f"__key{i}" for i in range(len(shape.group_by))]
     select = [f"{identifier(bounds.unit)} AS __unit"]
-    select += [f"{identifier(c)} AS {k}" for c, k in zip(shape.group_by, keys, strict=True)]
+    select += [
+        f"{_group_value(shape, c)} AS {k}" for c, k in zip(shape.group_by, keys, strict=True)
+    ]
     digest, offset = _rounding_offset(
         identifier(bounds.unit), shape.columns[bounds.unit], salt
     )

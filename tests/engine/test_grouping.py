@@ -80,3 +80,48 @@ def test_the_broken_twin_domain_read_from_the_data_reveals_the_person(
     without, with_person = (sorted(v for (v,) in truth(db, TWIN)) for db in neighbours)
     assert without != with_person
     assert set(with_person) - set(without) == {-500.0, 1_000_000.0}
+
+
+NEGATIVE_ZERO_POLICY = """
+[dataset]
+epsilon = 1e9
+delta = 1e-6
+[analysts.a]
+epsilon = 1e9
+[tables.z]
+privacy_unit = "u"
+[tables.z.columns.p]
+public_keys = [0.0, 1.5]
+"""
+
+
+@pytest.mark.parametrize("type_name", ["DOUBLE", "FLOAT"])
+def test_a_float_group_at_minus_zero_is_released_under_its_declared_key(
+    tmp_path: Path, type_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """-0.0 and 0.0 are one group in DuckDB, which prints it as whichever row came first: one
+    person's -0.0 must not move the group away from the declared key 0.0 (where it would count
+    zero). The broken twin reads the column as stored and loses the group."""
+    from dpsql.sql import generate
+
+    frame = pd.DataFrame({"u": np.arange(40), "p": [-0.0] * 30 + [1.5] * 10})
+    frame["p"] = frame["p"].astype("float32" if type_name == "FLOAT" else "float64")
+    database = make_database(tmp_path / "z.duckdb", {"z": frame}, NEGATIVE_ZERO_POLICY)
+    sql = "SELECT p, COUNT(*) AS n FROM z GROUP BY p"
+
+    def counts() -> dict[float, float]:
+        with seeded_connect(database, analyst="a", rng=np.random.default_rng(2)) as session:
+            return {row[0]: row[1] for row in session.execute(sql, epsilon=1e6).rows}
+
+    assert counts() == pytest.approx({0.0: 30, 1.5: 10}, abs=0.5)
+    monkeypatch.setattr(generate, "_group_value", lambda shape, column: f'"{column}"')
+    assert counts()[0.0] == pytest.approx(0, abs=0.5)
+
+
+def test_public_keys_equal_in_the_database_are_refused(tmp_path: Path) -> None:
+    from dpsql.errors import PolicyError
+
+    frame = pd.DataFrame({"u": np.arange(4), "p": [0.0, 1.5, 0.0, 1.5]})
+    policy = NEGATIVE_ZERO_POLICY.replace("[0.0, 1.5]", "[0.0, -0.0, 1.5]")
+    with pytest.raises(PolicyError, match="must be distinct"):
+        make_database(tmp_path / "z.duckdb", {"z": frame}, policy)
