@@ -491,6 +491,13 @@ def with_virtual_bounds(shape: QueryShape, table: TablePolicy) -> tuple[QuerySha
                 else "sum numbers or bounded numeric columns"
             )
             raise PolicyError(f"{expression.sql(dialect='duckdb')!r} has no bounds: {detail}")
+        if interval is not None and not all(math.isfinite(v) for v in interval):
+            if name in summed:
+                raise PolicyError(
+                    f"the bounds of {expression.meta.get('text', expression.sql())!r} overflow a "
+                    "DOUBLE (its declared bounds are too wide for this arithmetic); narrow them"
+                )
+            interval = None
         if interval is not None:
             columns[name] = table.column(name).model_copy(update={"bounds": interval})
         runs[name] = clamped(expression, declared, shape.columns)
