@@ -294,6 +294,10 @@ def scoped(where: exp.Expression, table: str, unit: str) -> str:
     assert source is not None
 
     def replace(node: exp.Expression) -> exp.Expression:
+        # A FROM names the table as a Table node, or as a bare identifier when built by hand.
+        named = node.this if isinstance(node, exp.From) else None
+        if isinstance(named, exp.Identifier) and named.name == table:
+            return exp.From(this=source.this.copy())
         if isinstance(node, exp.Table) and node.name == table and not node.args.get("db"):
             replacement = source.this.copy()
             if node.alias:
