@@ -427,7 +427,7 @@ class _Splitter:
         """Refuse any function outside ``_ALLOWED_FUNCTIONS`` in the outer query."""
         for node in outer.walk():
             if isinstance(node, exp.Func) and not isinstance(node, _ALLOWED_FUNCTIONS):
-                name = node.name if isinstance(node, exp.Anonymous) else node.sql_name()
+                name = node.sql(dialect="duckdb").split("(", 1)[0]  # UNNEST, not Explode
                 self.reject(
                     node,
                     f"post-processing cannot call {name.upper()}: it may use arithmetic, "
@@ -696,8 +696,8 @@ def check(post: PostProcess) -> None:
 
     connection = sandbox()
     try:
-        create_released(connection, post)
         with deadline.watching(connection):
+            create_released(connection, post)
             connection.execute(post.outer).fetchmany(2)
     except duckdb.Error as error:
         first = str(error).split("\n")[0]
