@@ -30,6 +30,7 @@ from dpsql.errors import (
     SchemaError,
     ServiceError,
     SqlSyntaxError,
+    TimeLimitError,
     UnsupportedQueryError,
 )
 from dpsql.serving.client import RemoteSession, connect
@@ -53,6 +54,7 @@ __all__ = [
     "ServiceError",
     "Session",
     "SqlSyntaxError",
+    "TimeLimitError",
     "UnsupportedQueryError",
     "connect",
     "database_budget",

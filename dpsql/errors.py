@@ -8,7 +8,8 @@
     ├── QueryError                          the SQL cannot be answered
     │   ├── SqlSyntaxError                  malformed SQL
     │   ├── UnsupportedQueryError           valid SQL outside the allow-list
-    │   └── SchemaError                     unknown table or column, unusable type
+    │   ├── SchemaError                     unknown table or column, unusable type
+    │   └── TimeLimitError                  the time limit passed before the charge
     ├── PrivacyError                        the privacy accountant refuses
     │   └── BudgetExceededError             the charge would pass a cap or allocation
     ├── LedgerError                         the ledger is unreadable or inconsistent (fail closed)
@@ -34,6 +35,7 @@ __all__ = [
     "SchemaError",
     "ServiceError",
     "SqlSyntaxError",
+    "TimeLimitError",
     "UnsupportedQueryError",
 ]
 
@@ -70,6 +72,10 @@ class UnsupportedQueryError(QueryError):
 
 class SchemaError(QueryError):
     """The query names a table or column that the database or policy does not have."""
+
+
+class TimeLimitError(QueryError):
+    """The request passed its time limit before its charge: refused, nothing was charged."""
 
 
 class PrivacyError(DpsqlError):

@@ -20,6 +20,7 @@ import numpy as np
 import pandas as pd
 from sqlglot import exp
 
+from dpsql.engine import deadline
 from dpsql.engine.policy import MEMORY_PATTERN, Policy
 from dpsql.engine.progress import Progress, run_duckdb
 from dpsql.engine.sources import FileSource, allowed_files, policy_sources
@@ -261,9 +262,10 @@ class DuckDBBackend:
         """Run generated SQL; with ``progress``, report DuckDB's estimate of how far it is
         (the query then runs in a worker thread, see ``dpsql.engine.progress.run_duckdb``)."""
         try:
-            if progress is None:
-                return self._connection.execute(sql).df()
-            return run_duckdb(self._connection, sql, progress)
+            with deadline.watching(self._connection):
+                if progress is None:
+                    return self._connection.execute(sql).df()
+                return run_duckdb(self._connection, sql, progress)
         except duckdb.Error:
             pass
         # Raised outside the handler, so no exception chain carries the database's message (which

@@ -10,6 +10,10 @@ monotone function of one released aggregate (other inputs constant within the ro
 value whenever the released interval covers the true value, so its confidence is unchanged.
 Anything else (a ratio of two released values, a window over rows) gets no interval: the result
 names it in ``details["derived"]`` and its ``measures`` entry says so.
+
+Post-processing is bounded: it runs within the request's time limit (``dpsql.engine.deadline``
+interrupts the sandbox), under the sandbox's memory limit, with the functions
+``dpsql.sql.postprocess`` allows, and returns at most as many rows as were released.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dpsql.engine import deadline
 from dpsql.engine.results import QueryResult
 from dpsql.sql.postprocess import RELEASED, ROW, PostProcess, create_released, sandbox
 
@@ -39,17 +44,24 @@ def _released(result: QueryResult, post: PostProcess, ends: int | None) -> pd.Da
 
 
 def _run(post: PostProcess, frame: pd.DataFrame, sql: str) -> tuple[list[str], list[tuple]]:
+    """``sql`` over the released rows in the sandbox, within the request's time limit; at most
+    as many rows as were released (one for an aggregate over none), or ``ValueError``."""
     connection = sandbox()
+    most = max(len(frame), 1)
     try:
-        create_released(connection, post)
-        connection.register("frame_in", frame)
-        connection.execute(f"INSERT INTO {RELEASED} SELECT * FROM frame_in")
-        connection.unregister("frame_in")
-        cursor = connection.execute(sql)
-        names = [d[0] for d in cursor.description]
-        return names, cursor.fetchall()
+        with deadline.watching(connection):
+            create_released(connection, post)
+            connection.register("frame_in", frame)
+            connection.execute(f"INSERT INTO {RELEASED} SELECT * FROM frame_in")
+            connection.unregister("frame_in")
+            cursor = connection.execute(sql)
+            names = [d[0] for d in cursor.description]
+            rows = cursor.fetchmany(most + 1)
     finally:
         connection.close()
+    if len(rows) > most:
+        raise ValueError(f"post-processing returned more than the {most} released rows")
+    return names, rows
 
 
 def _image(post: PostProcess, result: QueryResult, name: str) -> dict[int, tuple[Any, Any]]:

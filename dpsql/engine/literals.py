@@ -104,13 +104,18 @@ class Binder:
         naming the first literal that does not convert exactly."""
         converted: list[exp.Cast | None] = [None] * len(literals)
         by_type: dict[str, list[int]] = {}
+        spellings: dict[object, str] = {}
         for index, literal in enumerate(literals):
-            by_type.setdefault(literal.to.sql(dialect="duckdb"), []).append(index)
+            key = _type_key(literal.to)
+            if key not in spellings:
+                spellings[key] = literal.to.sql(dialect="duckdb")
+            by_type.setdefault(spellings[key], []).append(index)
         for type_sql, indices in by_type.items():
             target = literals[indices[0]].to
+            number = "float" if _is_float(target) else "exact" if _is_exact_number(target) else ""
             rows = ", ".join(f"({i}, {_quote(literals[i].this.this)})" for i in indices)
             value = f"TRY_CAST(__t AS {type_sql})"
-            exact = f"CAST(CAST({value} AS DOUBLE) AS VARCHAR)" if _is_float(target) else "NULL"
+            exact = f"CAST(CAST({value} AS DOUBLE) AS VARCHAR)" if number == "float" else "NULL"
             frame = self._run(
                 f"SELECT __i, CAST({value} AS VARCHAR) AS __c, {exact} AS __x "
                 f"FROM (VALUES {rows}) AS __literals(__i, __t) ORDER BY __i"
@@ -118,7 +123,7 @@ class Binder:
             for i, spelled, widened in frame.itertuples(index=False, name=None):
                 literal = literals[int(i)]
                 text = literal.this.this
-                if not isinstance(spelled, str) or not _exact(text, spelled, widened, target):
+                if not isinstance(spelled, str) or not _exact(text, spelled, widened, number):
                     self._refuse(literal, text, type_sql, what)
                 converted[int(i)] = exp.Cast(this=exp.Literal.string(spelled), to=target.copy())
         return [c for c in converted if c is not None]
@@ -298,7 +303,9 @@ class Binder:
         where = where.copy()
         casts = [c for c in where.find_all(exp.Cast) if isinstance(c.this, exp.Literal)]
         for old, new in zip(casts, self.convert(casts, "literal"), strict=True):
-            old.replace(new)
+            # Swap the literal inside the cast, not the cast: replacing one item of an IN list
+            # re-parents the whole list, which made binding quadratic in the list's length.
+            old.set("this", new.this)
         return where
 
     def _partitioned(
@@ -348,12 +355,21 @@ def _key_text(key: PublicKey, kind: ColumnKind, type_name: str, column: str) -> 
     raise PolicyError(problem)
 
 
-def _exact(text: str, spelled: str, widened: object, target: exp.DataType) -> bool:
+def _type_key(target: exp.DataType) -> object:
+    """A key that tells types apart without generating SQL for each literal: the type itself for
+    a plain type (``BIGINT``), its SQL for one with parameters (``DECIMAL(18, 3)``)."""
+    if any(v for k, v in target.args.items() if k not in ("this", "nested")):
+        return target.sql(dialect="duckdb")
+    return target.this
+
+
+def _exact(text: str, spelled: str, widened: object, number: str) -> bool:
     """Whether the backend's value (``spelled``; ``widened`` = as a DOUBLE for float types) is
-    exactly the number written as ``text``. Non-numbers are exact once converted: their form was
-    checked by the analyzer (``temporal_pattern``)."""
-    if _is_exact_number(target):
+    exactly the number written as ``text``; ``number`` is "exact" (integers, DECIMAL), "float"
+    or "" (not a number: exact once converted, its form was checked by the analyzer with
+    ``temporal_pattern``)."""
+    if number == "exact":
         return Decimal(text) == Decimal(spelled)
-    if _is_float(target):
+    if number == "float":
         return isinstance(widened, str) and Decimal(text) == Decimal(float(widened))
     return True

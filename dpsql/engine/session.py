@@ -19,6 +19,7 @@ from dpsql.accountant.events import Event, PostProcessingEvent, total
 from dpsql.accountant.ledger import Ledger, LedgerEntry
 from dpsql.accountant.limits import Limits
 from dpsql.accountant.units import Cost, check_budget_value
+from dpsql.engine import deadline
 from dpsql.engine.accuracy import (
     accuracy_details,
     accuracy_target,
@@ -200,6 +201,9 @@ class Session:
     "aggregating cells" and "reading round 2"). The default DuckDB
     backend's memory limit is the policy's (``[dataset] memory_limit``), never the caller's: a
     limit an analyst could choose would let one person's rows decide whether a query fails.
+    ``time_limit`` (seconds, default ``deadline.DEFAULT_TIME_LIMIT``) bounds each ``execute`` and
+    ``explain``: passed before the charge, the query is refused and nothing is charged; after
+    it, the charge stands (``dpsql.engine.deadline``).
     """
 
     def __init__(
@@ -210,12 +214,20 @@ class Session:
         dialect: str = "duckdb",
         backend: Backend | None = None,
         progress: Progress | None = None,
+        time_limit: float = deadline.DEFAULT_TIME_LIMIT,
     ):
         if not isinstance(analyst, str) or not analyst:
             raise ParameterError(f"analyst must be a non-empty name, got {analyst!r}")
         self.database = Path(database)
         self.analyst = analyst
         self.dialect = dialect
+        if isinstance(time_limit, bool) or not isinstance(time_limit, int | float) or not (
+            0 < time_limit < float("inf")
+        ):
+            raise ParameterError(
+                f"time_limit must be a positive number of seconds, got {time_limit!r}"
+            )
+        self.time_limit = float(time_limit)
         if backend is None and not self.database.is_file() and not ledger_path(database).exists():
             raise ParameterError(f"database file {str(database)!r} does not exist")
         self.rng = session_generator()
@@ -262,9 +274,11 @@ class Session:
     # planning -----------------------------------------------------------------------------------
     def _shape(self, sql: str) -> tuple[BoundShape, str]:
         parsed = parse(sql, self.dialect)
+        deadline.check()
         self.policy = self._load_policy()
         with refusing_deep_recursion():
             shape = analyze(parsed, self._visible_catalog())
+            deadline.check()
             return self._binder.bind(shape, self.policy), parsed.expression.sql(
                 dialect=self.backend.dialect
             )
@@ -380,7 +394,19 @@ class Session:
     ) -> dict[str, Any]:
         """Plan, mechanism, sensitivities, expected error and cost of ``sql``, without reading
         data or charging. With ``accuracy`` (or ``OPTIONS(accuracy=...)``), the least epsilon
-        meeting it."""
+        meeting it. Bounded by ``time_limit`` like ``execute``."""
+        with deadline.request(self.time_limit):
+            return self._explain(sql, epsilon, delta, mechanism, max_answers, accuracy)
+
+    def _explain(
+        self,
+        sql: str,
+        epsilon: float | None,
+        delta: float | None,
+        mechanism: str | None,
+        max_answers: int | None,
+        accuracy: float | None,
+    ) -> dict[str, Any]:
         shaped = self._shape(sql)
         synopsis = self._synopsis_for(shaped[0].shape, mechanism, accuracy)
         if synopsis is not None:
@@ -432,6 +458,18 @@ class Session:
         ``OPTIONS(accuracy=..., confidence=...)``) replaces epsilon: the least epsilon whose
         intervals are at most ±accuracy wide is charged (``details["accuracy"]``).
         """
+        with deadline.request(self.time_limit):
+            return self._execute(sql, epsilon, delta, mechanism, max_answers, accuracy)
+
+    def _execute(
+        self,
+        sql: str,
+        epsilon: float | None,
+        delta: float | None,
+        mechanism: str | None,
+        max_answers: int | None,
+        accuracy: float | None,
+    ) -> QueryResult:
         shaped = self._shape(sql)
         synopsis = self._synopsis_for(shaped[0].shape, mechanism, accuracy)
         if synopsis is not None:
@@ -980,6 +1018,7 @@ def _after_charge(work: Callable[[], QueryResult]) -> QueryResult:
     """``work()``, or the one data-independent ``ExecutionError`` whatever went wrong: whether,
     where and why a charged query fails may depend on the rows it read. The error is raised
     outside the handler, so no exception chain carries more."""
+    deadline.mark_charged()
     answer = None
     with contextlib.suppress(Exception):
         answer = work()
@@ -1076,6 +1115,7 @@ def connect(
     analyst: str,
     dialect: str = "duckdb",
     progress: Progress | None = None,
+    time_limit: float = deadline.DEFAULT_TIME_LIMIT,
 ) -> Session:
     """Open a session on a DuckDB database file whose policy has been set.
 
@@ -1085,4 +1125,6 @@ def connect(
     changes what is private: the generator, memory limit and backend are the engine's and the
     policy's.
     """
-    return Session(database, analyst=analyst, dialect=dialect, progress=progress)
+    return Session(
+        database, analyst=analyst, dialect=dialect, progress=progress, time_limit=time_limit
+    )

@@ -147,9 +147,19 @@ def _open_unit(name: str, value: object) -> float:
     return as_float
 
 
+MAX_CUTOFF = 1_000_000
+"""The largest cut-off ``c`` (``max_answers``) accepted: the noise scale grows with ``c``
+(σ = 2cΔ/ε), so a larger one answers nothing useful, and its bookkeeping would not be bounded."""
+
+
 def _cutoff(c: object) -> int:
     if isinstance(c, bool) or not isinstance(c, int | np.integer) or c < 1:
         raise ParameterError(f"c must be a positive integer, got {c!r}")
+    if c > MAX_CUTOFF:
+        raise ParameterError(
+            f"c (max_answers) must be at most {MAX_CUTOFF:,}, got {c!r}: with σ = 2cΔ/ε, so many "
+            "answers would be noise"
+        )
     return int(c)
 
 
@@ -412,13 +422,19 @@ class _Noise:
 def _draw_noise(
     svt_plan: SparseVectorPlan, runs: int, queries: int, rng: np.random.Generator
 ) -> _Noise:
-    """Draw everything a run can use at once, from the plan's scales (one sampler call each)."""
+    """Draw everything a run can use at once, from the plan's scales (one sampler call each).
+
+    A run over ``k`` queries has at most ``min(c, k)`` epochs (each ⊤ ends one and consumes a
+    query; notes Alg. 2), so only that many epoch thresholds (and NumericSparse values) are
+    drawn: the noise a run reads has the same joint distribution as with all ``c`` drawn, and
+    memory is O(k), not O(c)."""
     discrete = svt_plan.discrete
+    epochs = min(svt_plan.c, queries)
     query_noise = _noise(svt_plan.query_scale, (runs, queries), discrete, rng)
-    threshold_noise = _noise(svt_plan.threshold_scale, (runs, svt_plan.c), discrete, rng)
+    threshold_noise = _noise(svt_plan.threshold_scale, (runs, epochs), discrete, rng)
     value_noise = None
     if svt_plan.value_scale is not None:
-        value_noise = sample_discrete_laplace(svt_plan.value_scale, (runs, svt_plan.c), rng)
+        value_noise = sample_discrete_laplace(svt_plan.value_scale, (runs, epochs), rng)
     return _Noise(queries=query_noise, thresholds=threshold_noise, values=value_noise)
 
 

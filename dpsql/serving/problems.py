@@ -23,6 +23,7 @@ from dpsql.errors import (
     SchemaError,
     ServiceError,
     SqlSyntaxError,
+    TimeLimitError,
     UnsupportedQueryError,
 )
 
@@ -45,6 +46,7 @@ _KINDS = (
     _Kind(SqlSyntaxError, 400, "sql-syntax", "The SQL does not parse"),
     _Kind(UnsupportedQueryError, 400, "unsupported-query", "The query is outside the allow-list"),
     _Kind(SchemaError, 400, "schema", "Unknown table or column"),
+    _Kind(TimeLimitError, 504, "time-limit", "The request passed its time limit; nothing charged"),
     _Kind(QueryError, 400, "query", "The query cannot be answered"),
     _Kind(ParameterError, 400, "parameter", "Invalid parameter"),
     _Kind(PolicyError, 400, "policy", "The privacy policy does not allow the request"),

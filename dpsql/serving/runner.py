@@ -6,8 +6,11 @@ one thread that owns one backend (opened from the policy when the first call arr
 one session per analyst (opening a session verifies the whole ledger, so it is done once).
 DuckDB parallelises inside a query; the service scales across queries with ``--workers``.
 
-A call that passes its time limit is interrupted inside DuckDB; if it was charged, the charge
-stands, as everywhere in dpsql.
+A call that passes its time limit is stopped wherever it is: the call runs as one request of
+``dpsql.engine.deadline`` (the time it waited in the queue deducted), so parsing, binding,
+post-processing and EXPLAIN check it and every DuckDB connection working for it (the backend's,
+the post-processing sandbox's) is interrupted; the worker is then free for the next call. If it
+was charged, the charge stands, as everywhere in dpsql.
 
 The backend is opened from the policy (its file sources, its memory limit). Before each call the
 runner reads which policy entry is in force (an indexed lookup in the ledger); when the
@@ -29,6 +32,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from dpsql.accountant.ledger import Ledger
+from dpsql.engine import deadline
 from dpsql.engine.backends import DuckDBBackend
 from dpsql.engine.session import Session, ledger_path, show_policy
 
@@ -53,6 +57,7 @@ class EngineRunner:
         self._ledger: Ledger | None = None  # opened on the engine thread, which owns it
         self._policy_entry: int | None = None
         self._verified = time.monotonic()
+        self._request: deadline.Deadline | None = None  # the running call's, set on its thread
 
     def close(self) -> None:
         """Stop a running query, then close the sessions and the backend (on the engine thread,
@@ -100,11 +105,22 @@ class EngineRunner:
             self._close_engine()
             self._policy_entry = entry
 
-    def _run(self, work: Callable[[Session | None], T], analyst: str | None) -> T:
-        self._follow_policy(self._verify())
-        return work(None if analyst is None else self._session(analyst))
+    def _run(self, work: Callable[[Session | None], T], analyst: str | None, ends: float) -> T:
+        left = ends - time.monotonic()
+        if left <= 0:
+            raise RunnerTimeout
+        with deadline.within(left) as request:
+            self._request = request
+            try:
+                self._follow_policy(self._verify())
+                return work(None if analyst is None else self._session(analyst))
+            finally:
+                self._request = None
 
     def _interrupt(self) -> None:
+        request = self._request
+        if request is not None:
+            request.expire()  # its checks raise, its connections (the sandbox's too) stop
         # DuckDBBackend keeps its connection private; interrupting it is the one way to stop a
         # running scan from another thread (the engine then raises ExecutionError).
         connection = getattr(self._backend, "_connection", None)
@@ -118,7 +134,7 @@ class EngineRunner:
 
         Raise ``RunnerTimeout`` past ``timeout`` seconds (time queued included).
         """
-        future = self._executor.submit(self._run, work, analyst)
+        future = self._executor.submit(self._run, work, analyst, time.monotonic() + timeout)
         try:
             return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
         except TimeoutError:

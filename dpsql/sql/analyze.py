@@ -12,6 +12,7 @@ leak), and none is decided by implicit casts that Python would model differently
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 from collections.abc import Callable, Mapping
@@ -63,8 +64,18 @@ _FLIPPED: Mapping[type[exp.Expression], type[exp.Expression]] = {
 _DATE = r"\d{4}-\d{2}-\d{2}"
 _FRACTION_DIGITS = {"TIMESTAMP_S": 0, "TIMESTAMP_MS": 3, "TIMESTAMP_NS": 9}
 _ZONE = r"(Z|[+-]\d{2}(:?\d{2})?)"
+MAX_IN_VALUES = 10_000
+"""The most values of one IN list: each is converted by the database before the charge, so this
+keeps binding to about a second."""
 HAVING_LIMIT = 2**53
 """Largest |threshold| of HAVING: counts are exact integers below it."""
+
+
+@functools.lru_cache(maxsize=256)
+def _built_type(type_name: str) -> exp.DataType:
+    """``type_name`` parsed once (a long IN list has one type for all its literals); callers
+    copy it."""
+    return exp.DataType.build(type_name, dialect="duckdb")
 
 
 def temporal_pattern(type_name: str) -> re.Pattern[str]:
@@ -352,6 +363,12 @@ class _Analyzer:
                 self.reject(node, "IN takes a list of literals, not a subquery")
             if not node.expressions:
                 self.reject(node, "IN needs at least one value")
+            if len(node.expressions) > MAX_IN_VALUES:
+                self.reject(
+                    node,
+                    f"IN lists {len(node.expressions):,} values; dpsql takes at most "
+                    f"{MAX_IN_VALUES:,} in one list",
+                )
             values = [self.literal(value, name) for value in node.expressions]
             return exp.In(this=exp.column(name, quoted=True), expressions=values)
         if isinstance(node, exp.Is):
@@ -414,8 +431,7 @@ class _Analyzer:
 
     def typed(self, text: str, name: str) -> exp.Expression:
         """``CAST('<text>' AS <type of column name>)``, converted by the database later."""
-        target = exp.DataType.build(self.columns[name], dialect="duckdb")
-        cast = exp.Cast(this=exp.Literal.string(text), to=target)
+        cast = exp.Cast(this=exp.Literal.string(text), to=_built_type(self.columns[name]).copy())
         cast.meta["position"] = self.position
         return cast
 

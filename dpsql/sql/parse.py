@@ -204,6 +204,12 @@ def parse(sql: str, dialect: str = "duckdb") -> ParsedQuery:
     """Parse one SELECT statement; raise ``SqlSyntaxError`` with line and column when malformed."""
     if not isinstance(sql, str) or not sql.strip():
         raise SqlSyntaxError("the query is empty")
+    if len(sql) > MAX_QUERY_LENGTH:
+        raise UnsupportedQueryError(
+            f"the query is {len(sql):,} characters long; dpsql reads at most "
+            f"{MAX_QUERY_LENGTH:,} (a list of more values belongs in a public table or the "
+            "policy's public keys)"
+        )
     try:
         sql.encode("utf-8")
     except UnicodeEncodeError as error:
@@ -257,6 +263,10 @@ def parse(sql: str, dialect: str = "duckdb") -> ParsedQuery:
         raise UnsupportedQueryError(_TOO_DEEP)
     return ParsedQuery(sql, dialect, statements[0], options, tuple(tokens))
 
+
+MAX_QUERY_LENGTH = 100_000
+"""The longest query text dpsql parses, in characters (the service's ``max_sql_length`` may be
+lower): parsing, checking and binding are linear in the text, and this keeps them to seconds."""
 
 MAX_NESTING = 24
 """The deepest nesting of parentheses and NOTs dpsql parses: sqlglot's parser spends about twenty

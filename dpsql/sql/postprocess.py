@@ -52,6 +52,31 @@ _DP_AGGREGATES = (exp.Count, exp.Sum, exp.Avg, exp.Median, exp.PercentileCont, e
 _PLAIN_HAVING = (exp.GT, exp.GTE, exp.LT, exp.LTE)
 _MONOTONE_FUNCTIONS = (exp.Round, exp.Floor, exp.Ceil)
 
+_ALLOWED_FUNCTIONS: tuple[type[exp.Func], ...] = tuple(
+    getattr(exp, name)
+    for name in (
+        # arithmetic, rounding and comparison of numbers
+        "Abs", "Ceil", "Exp", "Floor", "Greatest", "Least", "Ln", "Log", "Pow", "Round",
+        "SafeDivide", "Sign", "Sqrt",
+        # conditionals and casts
+        "Case", "Cast", "Coalesce", "If", "Nullif", "TryCast",
+        # aggregates and window functions over the released rows
+        "Avg", "Count", "CumeDist", "DenseRank", "FirstValue", "Lag", "LastValue", "Lead",
+        "Max", "Median", "Min", "NthValue", "Ntile", "PercentRank", "PercentileCont",
+        "PercentileDisc", "Rank", "RowNumber", "Stddev", "StddevPop", "StddevSamp", "Sum",
+        "Variance", "VariancePop",
+        # text and dates of bounded size
+        "Concat", "Day", "Extract", "Left", "Length", "Lower", "Month", "Quarter", "Right",
+        "Substring", "TimestampTrunc", "Trim", "Upper", "Year",
+    )
+    if hasattr(exp, name)
+)
+"""Functions post-processing may call: each returns one value per row (or group) of a size
+bounded by its inputs and the query's text. Set-returning and list functions (``unnest``,
+``range``, ``generate_series``), and those that multiply text (``repeat``, ``lpad``,
+``replace``), are refused: post-processing may not produce more rows, or much larger values, than
+were released."""
+
 
 @dataclass(frozen=True)
 class PostProcess:
@@ -398,6 +423,19 @@ class _Splitter:
             if resolved is not column:
                 column.replace(resolved)
 
+    def check_functions(self, outer: exp.Select) -> None:
+        """Refuse any function outside ``_ALLOWED_FUNCTIONS`` in the outer query."""
+        for node in outer.walk():
+            if isinstance(node, exp.Func) and not isinstance(node, _ALLOWED_FUNCTIONS):
+                name = node.sql(dialect="duckdb").split("(", 1)[0]  # UNNEST, not Explode
+                self.reject(
+                    node,
+                    f"post-processing cannot call {name.upper()}: it may use arithmetic, "
+                    "rounding, CASE, casts, aggregates and window functions over the released "
+                    "rows, and text and date functions that return one value of bounded size "
+                    "(no set-returning, list or text-repeating functions)",
+                )
+
     def finish(
         self,
         outer: exp.Select,
@@ -406,6 +444,7 @@ class _Splitter:
         keys: tuple[str, ...],
         originals: list[str],
     ) -> PostProcess:
+        self.check_functions(outer)
         names = [n.alias for n in outer.expressions]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
@@ -651,11 +690,15 @@ def create_released(connection: duckdb.DuckDBPyConnection, post: PostProcess) ->
 
 def check(post: PostProcess) -> None:
     """Bind the outer query against an empty released table before anything is charged: a
-    post-processing query DuckDB cannot run is refused, not paid for."""
+    post-processing query DuckDB cannot run is refused, not paid for (within the request's
+    time limit, ``dpsql.engine.deadline``)."""
+    from dpsql.engine import deadline
+
     connection = sandbox()
     try:
-        create_released(connection, post)
-        connection.execute(post.outer).fetchall()
+        with deadline.watching(connection):
+            create_released(connection, post)
+            connection.execute(post.outer).fetchmany(2)
     except duckdb.Error as error:
         first = str(error).split("\n")[0]
         raise UnsupportedQueryError(

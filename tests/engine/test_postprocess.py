@@ -166,6 +166,25 @@ def test_post_processing_reads_the_released_values_only() -> None:
     assert second.rows == [(1, 90), (2, 70)]
 
 
+def test_post_processing_never_returns_more_rows_than_were_released() -> None:
+    """The backstop behind the function allow-list: an outer query that multiplied the released
+    rows (here written past the allow-list, straight to the sandbox) fails instead of answering
+    (after the charge, the session turns that into the one ExecutionError)."""
+    from dpsql.engine.derived import _released as frame_of
+    from dpsql.engine.derived import _run
+    from dpsql.sql.analyze import analyze
+
+    catalog = {"males": {"nr": "BIGINT", "year": "INTEGER", "hours": "INTEGER"}}
+    post = analyze(
+        parse("SELECT year, COUNT(*) AS c FROM males GROUP BY year ORDER BY c"), catalog
+    ).post
+    frame = frame_of(_released([(1, 5), (2, 7)], [(4, 6), (6, 8)]), post, None)
+    _, rows = _run(post, frame, post.outer)
+    assert len(rows) == 2
+    with pytest.raises(ValueError, match="more than the 2 released rows"):
+        _run(post, frame, "SELECT UNNEST(RANGE(1000000000)) FROM released")
+
+
 def test_the_sandbox_reads_no_file(tmp_path: Path) -> None:
     secret = tmp_path / "secret.csv"
     secret.write_text("a\n1\n")

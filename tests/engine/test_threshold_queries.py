@@ -95,6 +95,10 @@ def test_max_answers_from_options_and_conflicts(database: Path, rng) -> None:
             db.execute(sql, max_answers=2)
         with pytest.raises(ParameterError, match="positive integer"):
             db.execute(RANGE_SQL, epsilon=1.0, max_answers=0)
+        before = len(db.ledger())
+        with pytest.raises(ParameterError, match="at most 1,000,000"):
+            db.execute(RANGE_SQL, epsilon=1.0, max_answers=10**7)
+        assert len(db.ledger()) == before  # refused before the charge
         with pytest.raises(UnsupportedQueryError, match="max_answers applies"):
             db.execute("SELECT COUNT(*) FROM sales", epsilon=1.0, max_answers=2)
         with pytest.raises(UnsupportedQueryError, match="needs HAVING"):

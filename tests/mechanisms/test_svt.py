@@ -674,3 +674,18 @@ def test_default_generator_is_secure_and_works() -> None:
     vector = SparseVector(threshold=0, epsilon=1.0, c=1)
     assert vector.ask(10**6) is True
     assert sparse([0, 10**6], threshold=1000, epsilon=1.0, c=1) == [1]
+
+
+def test_absurd_cutoffs_are_refused_and_noise_is_drawn_for_the_epochs_a_run_can_use() -> None:
+    """c = 10**7 was 1.2 GB of noise drawn up front; now it is refused, and a run over k
+    queries draws at most min(c, k) epoch thresholds and values (same outputs: a run never
+    reaches epoch k + 1)."""
+    with pytest.raises(ParameterError, match="at most 1,000,000"):
+        svt.plan(epsilon=1.0, c=10**7)
+    numeric = svt.plan(epsilon=1.0, c=svt.MAX_CUTOFF, numeric=True)
+    noise = svt._draw_noise(numeric, 1, 5, np.random.default_rng(1))
+    assert noise.thresholds.shape == (1, 5) and noise.values.shape == (1, 5)
+    released = svt.numeric_sparse_release(
+        [10**9] * 5, threshold=0, epsilon=1.0, c=svt.MAX_CUTOFF, rng=np.random.default_rng(2)
+    )
+    assert released.indices == (0, 1, 2, 3, 4) and not released.halted
