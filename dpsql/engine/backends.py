@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 from sqlglot import exp
 
-from dpsql.engine import deadline
+from dpsql import deadline
 from dpsql.engine.policy import MEMORY_PATTERN, Policy
 from dpsql.engine.progress import Progress, run_duckdb
 from dpsql.engine.sources import FileSource, allowed_files, policy_sources

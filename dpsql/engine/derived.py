@@ -11,7 +11,7 @@ value whenever the released interval covers the true value, so its confidence is
 Anything else (a ratio of two released values, a window over rows) gets no interval: the result
 names it in ``details["derived"]`` and its ``measures`` entry says so.
 
-Post-processing is bounded: it runs within the request's time limit (``dpsql.engine.deadline``
+Post-processing is bounded: it runs within the request's time limit (``dpsql.deadline``
 interrupts the sandbox), under the sandbox's memory limit, with the functions
 ``dpsql.sql.postprocess`` allows, and returns at most as many rows as were released.
 """
@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dpsql.engine import deadline
+from dpsql import deadline
 from dpsql.engine.results import QueryResult
 from dpsql.sql.postprocess import RELEASED, ROW, PostProcess, create_released, sandbox
 

@@ -15,11 +15,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from dpsql import deadline
 from dpsql.accountant.events import Event, PostProcessingEvent, total
 from dpsql.accountant.ledger import Ledger, LedgerEntry
 from dpsql.accountant.limits import Limits
 from dpsql.accountant.units import Cost, check_budget_value
-from dpsql.engine import deadline
 from dpsql.engine.accuracy import (
     accuracy_details,
     accuracy_target,
@@ -203,7 +203,7 @@ class Session:
     limit an analyst could choose would let one person's rows decide whether a query fails.
     ``time_limit`` (seconds, default ``deadline.DEFAULT_TIME_LIMIT``) bounds each ``execute`` and
     ``explain``: passed before the charge, the query is refused and nothing is charged; after
-    it, the charge stands (``dpsql.engine.deadline``).
+    it, the charge stands (``dpsql.deadline``).
     """
 
     def __init__(

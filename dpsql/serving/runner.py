@@ -7,7 +7,7 @@ one session per analyst (opening a session verifies the whole ledger, so it is d
 DuckDB parallelises inside a query; the service scales across queries with ``--workers``.
 
 A call that passes its time limit is stopped wherever it is: the call runs as one request of
-``dpsql.engine.deadline`` (the time it waited in the queue deducted), so parsing, binding,
+``dpsql.deadline`` (the time it waited in the queue deducted), so parsing, binding,
 post-processing and EXPLAIN check it and every DuckDB connection working for it (the backend's,
 the post-processing sandbox's) is interrupted; the worker is then free for the next call. If it
 was charged, the charge stands, as everywhere in dpsql.
@@ -31,8 +31,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
+from dpsql import deadline
 from dpsql.accountant.ledger import Ledger
-from dpsql.engine import deadline
 from dpsql.engine.backends import DuckDBBackend
 from dpsql.engine.session import Session, ledger_path, show_policy
 

@@ -691,8 +691,8 @@ def create_released(connection: duckdb.DuckDBPyConnection, post: PostProcess) ->
 def check(post: PostProcess) -> None:
     """Bind the outer query against an empty released table before anything is charged: a
     post-processing query DuckDB cannot run is refused, not paid for (within the request's
-    time limit, ``dpsql.engine.deadline``)."""
-    from dpsql.engine import deadline
+    time limit, ``dpsql.deadline``)."""
+    from dpsql import deadline
 
     connection = sandbox()
     try:

@@ -13,7 +13,7 @@ import duckdb
 import pytest
 
 import dpsql
-from dpsql.engine import deadline
+from dpsql import deadline
 from dpsql.engine.session import database_budget
 from dpsql.errors import (
     FAILED_AFTER_CHARGE,
