@@ -18,6 +18,8 @@ interrupts the sandbox), under the sandbox's memory limit, with the functions
 
 from __future__ import annotations
 
+import datetime as dt
+import decimal
 from typing import Any
 
 import numpy as np
@@ -56,12 +58,32 @@ def _run(post: PostProcess, frame: pd.DataFrame, sql: str) -> tuple[list[str], l
             connection.unregister("frame_in")
             cursor = connection.execute(sql)
             names = [d[0] for d in cursor.description]
-            rows = cursor.fetchmany(most + 1)
+            rows = [tuple(_json_value(v) for v in row) for row in cursor.fetchmany(most + 1)]
     finally:
         connection.close()
     if len(rows) > most:
         raise ValueError(f"post-processing returned more than the {most} released rows")
     return names, rows
+
+
+def _json_value(value: Any) -> Any:
+    """A value DuckDB returned as one the result (and its stored copy, JSON) can hold: DECIMAL
+    as a float, dates and times as ISO text (a midnight timestamp as its date, as released keys
+    are shown), anything else that is not a JSON scalar as text; so no type a post-processing
+    query produces can fail after the charge.
+
+    >>> _json_value(decimal.Decimal("1.50")), _json_value(dt.datetime(2024, 1, 2))
+    (1.5, '2024-01-02')
+    """
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, decimal.Decimal):
+        return float(value)
+    if isinstance(value, dt.datetime) and value.time() == dt.time() and value.tzinfo is None:
+        return value.date().isoformat()
+    if isinstance(value, (dt.date, dt.time)):
+        return value.isoformat()
+    return str(value)
 
 
 def _image(post: PostProcess, result: QueryResult, name: str) -> dict[int, tuple[Any, Any]]:

@@ -212,3 +212,20 @@ def test_explain_shows_virtual_columns_and_post_processing(panel: Path) -> None:
     assert any(text.startswith("CASE WHEN \"union\" = 'yes'") for text in virtual.values())
     assert plan["groups"] == 5
     assert plan["post_processing"]["intervals"] == {"members": "the released interval"}
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT ROUND(COUNT(*) * 1.5) AS x FROM males",
+        "SELECT ethn, CAST(COUNT(*) AS DECIMAL(18, 3)) AS n FROM males GROUP BY ethn",
+    ],
+)
+def test_post_processed_decimals_are_answered_not_failed_after_the_charge(
+    panel: Path, sql: str
+) -> None:
+    """DECIMAL values from the sandbox could not be stored (JSON): every such query failed
+    after its charge."""
+    with seeded_connect(panel, analyst="a", rng=np.random.default_rng(6)) as session:
+        result = session.execute(sql, epsilon=1)
+    assert all(isinstance(row[-1], float) for row in result.rows)
