@@ -29,7 +29,6 @@ from typing import Protocol
 from dpsql.errors import FAILED_AFTER_CHARGE, ExecutionError, TimeLimitError
 
 __all__ = [
-    "DEFAULT_TIME_LIMIT",
     "Deadline",
     "DeadlinePassed",
     "check",
@@ -40,9 +39,6 @@ __all__ = [
     "within",
 ]
 
-DEFAULT_TIME_LIMIT = 60.0
-"""Seconds a request of the Python API or the CLI may run (the service uses its
-``query_timeout``)."""
 
 
 class Interruptible(Protocol):

@@ -14,11 +14,12 @@ import pytest
 
 import dpsql
 from dpsql import deadline
-from dpsql.engine.session import database_budget
+from dpsql.engine.demo import DEMO_POLICY
+from dpsql.engine.session import database_budget, set_policy
 from dpsql.errors import (
     FAILED_AFTER_CHARGE,
     ExecutionError,
-    ParameterError,
+    PolicyError,
     TimeLimitError,
 )
 from dpsql.serving.runner import EngineRunner, RunnerTimeout
@@ -54,8 +55,10 @@ def _in_session(database: Path, work, seconds: float = 1.0) -> dict[str, object]
     """``work(session)`` in a session opened on the guarded thread (SQLite connections stay on
     the thread that opened them); the outcome also holds the session's ledger afterwards."""
 
+    set_policy(database, DEMO_POLICY.replace("[dataset]", f"[dataset]\ntime_limit = {seconds}", 1))
+
     def run():
-        with dpsql.connect(database, analyst="alice", time_limit=seconds) as db:
+        with dpsql.connect(database, analyst="alice") as db:
             try:
                 return {"value": work(db), "ledger": db.ledger()}
             except Exception as error:
@@ -147,10 +150,14 @@ def test_a_stop_after_the_charge_is_the_one_execution_error(
     assert database_budget(demo_db).dataset.epsilon_spent == 1.0
 
 
-def test_the_time_limit_is_a_positive_number(demo_db: Path) -> None:
-    for bad in (0, -1.0, float("inf"), float("nan"), True, "60"):
-        with pytest.raises(ParameterError, match="time_limit"):
-            dpsql.connect(demo_db, analyst="alice", time_limit=bad)  # type: ignore[arg-type]
+def test_the_time_limit_is_the_policys_positive_number_of_seconds(demo_db: Path) -> None:
+    """Like the memory limit, the time limit is the administrator's: no analyst argument sets
+    it (a limit the analyst chose could turn the size of one person's rows into a failure)."""
+    for bad in ("0", "-1.0", "inf", "nan", "true", "'60'", "100000"):
+        with pytest.raises(PolicyError, match="time_limit"):
+            set_policy(demo_db, DEMO_POLICY.replace("[dataset]", f"[dataset]\ntime_limit = {bad}"))
+    with pytest.raises(TypeError):
+        dpsql.connect(demo_db, analyst="alice", time_limit=1.0)  # type: ignore[call-arg]
 
 
 def test_the_service_runner_stops_post_processing_and_is_free_afterwards(

@@ -106,6 +106,15 @@ class DatasetPolicy(_Frozen):
         description="cap on DuckDB's memory (e.g. '6GB'); larger work spills to disk. Set by the "
         "administrator for the whole table, never by an analyst per query",
     )
+    time_limit: float = Field(
+        default=60.0,
+        strict=True,
+        gt=0,
+        le=86_400,
+        description="seconds one request of the Python API or the CLI may run (execute and the "
+        "free explain; the service uses its query_timeout). Set by the administrator, never by "
+        "an analyst per query",
+    )
     period: Literal["none", "month", "year"] = Field(
         default="none",
         description="renew the caps every calendar month or year (UTC): a policy decision, not "

@@ -201,9 +201,9 @@ class Session:
     "aggregating cells" and "reading round 2"). The default DuckDB
     backend's memory limit is the policy's (``[dataset] memory_limit``), never the caller's: a
     limit an analyst could choose would let one person's rows decide whether a query fails.
-    ``time_limit`` (seconds, default ``deadline.DEFAULT_TIME_LIMIT``) bounds each ``execute`` and
-    ``explain``: passed before the charge, the query is refused and nothing is charged; after
-    it, the charge stands (``dpsql.deadline``).
+    The policy's ``[dataset] time_limit`` bounds each ``execute`` and ``explain`` (like the memory
+    limit, it is the administrator's, never the caller's): passed before the charge, the query is
+    refused and nothing is charged; after it, the charge stands (``dpsql.deadline``).
     """
 
     def __init__(
@@ -214,20 +214,12 @@ class Session:
         dialect: str = "duckdb",
         backend: Backend | None = None,
         progress: Progress | None = None,
-        time_limit: float = deadline.DEFAULT_TIME_LIMIT,
     ):
         if not isinstance(analyst, str) or not analyst:
             raise ParameterError(f"analyst must be a non-empty name, got {analyst!r}")
         self.database = Path(database)
         self.analyst = analyst
         self.dialect = dialect
-        if isinstance(time_limit, bool) or not isinstance(time_limit, int | float) or not (
-            0 < time_limit < float("inf")
-        ):
-            raise ParameterError(
-                f"time_limit must be a positive number of seconds, got {time_limit!r}"
-            )
-        self.time_limit = float(time_limit)
         if backend is None and not self.database.is_file() and not ledger_path(database).exists():
             raise ParameterError(f"database file {str(database)!r} does not exist")
         self.rng = session_generator()
@@ -394,8 +386,8 @@ class Session:
     ) -> dict[str, Any]:
         """Plan, mechanism, sensitivities, expected error and cost of ``sql``, without reading
         data or charging. With ``accuracy`` (or ``OPTIONS(accuracy=...)``), the least epsilon
-        meeting it. Bounded by ``time_limit`` like ``execute``."""
-        with deadline.request(self.time_limit):
+        meeting it. Bounded by the policy's ``time_limit`` like ``execute``."""
+        with deadline.request(self.policy.dataset.time_limit):
             return self._explain(sql, epsilon, delta, mechanism, max_answers, accuracy)
 
     def _explain(
@@ -458,7 +450,7 @@ class Session:
         ``OPTIONS(accuracy=..., confidence=...)``) replaces epsilon: the least epsilon whose
         intervals are at most ±accuracy wide is charged (``details["accuracy"]``).
         """
-        with deadline.request(self.time_limit):
+        with deadline.request(self.policy.dataset.time_limit):
             return self._execute(sql, epsilon, delta, mechanism, max_answers, accuracy)
 
     def _execute(
@@ -1115,7 +1107,6 @@ def connect(
     analyst: str,
     dialect: str = "duckdb",
     progress: Progress | None = None,
-    time_limit: float = deadline.DEFAULT_TIME_LIMIT,
 ) -> Session:
     """Open a session on a DuckDB database file whose policy has been set.
 
@@ -1125,6 +1116,4 @@ def connect(
     changes what is private: the generator, memory limit and backend are the engine's and the
     policy's.
     """
-    return Session(
-        database, analyst=analyst, dialect=dialect, progress=progress, time_limit=time_limit
-    )
+    return Session(database, analyst=analyst, dialect=dialect, progress=progress)
