@@ -18,6 +18,7 @@ from dpsql.accountant.events import MechanismEvent, SequentialEvent
 from dpsql.accountant.units import Cost
 from dpsql.engine.key_mechanisms import DefaultChoice, choose_default
 from dpsql.engine.policy import Policy, PublicKey, TablePolicy
+from dpsql.engine.virtual_columns import with_virtual_bounds
 from dpsql.errors import ParameterError, PolicyError, SchemaError, UnsupportedQueryError
 from dpsql.mechanisms import (
     adaptive_selection,
@@ -29,7 +30,6 @@ from dpsql.mechanisms import (
     weighted_selection,
 )
 from dpsql.mechanisms.laplace import MAX_GRID, choose_grid, noise_scale
-from dpsql.sql.expressions import with_virtual_bounds
 from dpsql.sql.generate import Bounds, Measure, MeasureKind
 from dpsql.sql.shape import AggregateKind, ColumnKind, GroupKey, QueryShape
 
@@ -943,6 +943,7 @@ def _plan_quantiles(
                 f"bounds of {text!r} are too wide for a quantile (high - low overflows)"
             )
         assert aggregate.quantile is not None
+        quantile.quantile_fraction(aggregate.quantile)  # the mechanism's precision, refused here
         # Refuses, before the charge, an ε too small for the exact sampler's arithmetic.
         quantile.epsilon_used(
             share, quantile.utility_sensitivity(aggregate.quantile, sensitivity, QUANTILE_WEIGHT)

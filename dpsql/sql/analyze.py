@@ -99,7 +99,7 @@ def temporal_pattern(type_name: str) -> re.Pattern[str]:
     return re.compile(_DATE + (time + _ZONE if with_zone else f"({time})?"))
 
 
-class _Analyzer:
+class Analyzer:
     def __init__(self, parsed: ParsedQuery, catalog: Mapping[str, Mapping[str, str]]):
         self.parsed = parsed
         self.catalog = catalog
@@ -595,9 +595,9 @@ def analyze(parsed: ParsedQuery, catalog: Mapping[str, Mapping[str, str]]) -> Qu
     except (UnsupportedQueryError, SchemaError, SqlSyntaxError):
         source = postprocess.source_only(parsed)
         if source is not None:
-            _Analyzer(source, catalog).shape()  # FROM and WHERE are read first
+            Analyzer(source, catalog).shape()  # FROM and WHERE are read first
         raise
-    shape = _Analyzer(inner, catalog).shape()
+    shape = Analyzer(inner, catalog).shape()
     if post is None:
         return shape
     post = dataclasses.replace(post, types=postprocess.released_types(shape, catalog))

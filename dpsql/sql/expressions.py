@@ -1,15 +1,15 @@
 """Expressions inside aggregates: ``SUM(CASE WHEN ... THEN 1 ELSE 0 END)``, ``AVG(hours * wage)``,
 ``COUNT(expr)``, and ``agg(...) FILTER (WHERE ...)``.
 
-The analyzer turns each such argument into a *virtual column* (``__dp_e0``, ...) of the table: the
-shape's aggregates read it like a column, and ``QueryShape.virtual`` holds its expression. At
-planning time (``with_virtual_bounds``) its bounds are derived from the policy alone by interval
-arithmetic (Moore, *Interval Analysis*, 1966: the exact range of +, -, and * of intervals, and of
-division by a non-zero constant), and the expression the database runs reads every numeric column
-*clamped to its declared bounds* (a NaN reads as NULL), so every value of the virtual column lies
-in the derived bounds by construction; the generated SQL then clamps it once more, like any
-bounded column. The sensitivity of a sum of a virtual column is therefore the planner's usual
-one for a column with those bounds: nothing about the data enters it.
+The analyzer turns each such argument into a *virtual column* (``__dp_e0``, ...) of the table:
+the shape's aggregates read it like a column, and ``QueryShape.virtual`` holds its expression.
+When the query is priced (``dpsql.engine.virtual_columns``) its bounds are derived from the
+policy alone by interval arithmetic (Moore, *Interval Analysis*, 1966: the exact range of +, -
+and * of intervals, and of division by a non-zero constant), and the expression the database
+runs reads every numeric column *clamped to its declared bounds* (a NaN reads as NULL), so every
+value of the virtual column lies in the derived bounds by construction; the generated SQL then
+clamps it once more, like any bounded column. The sensitivity of a sum of a virtual column is
+therefore the planner's usual one for a column with those bounds: nothing about the data enters.
 
 Allowed in an argument: numeric literals, columns (numeric or BOOLEAN for sums; any for COUNT),
 unary minus, ``+ - *``, division by a non-zero number, parentheses, and
@@ -23,17 +23,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
-from dpsql.errors import PolicyError
 from dpsql.sql.shape import ColumnKind
 
 if TYPE_CHECKING:
-    from dpsql.engine.policy import TablePolicy
-    from dpsql.sql.analyze import _Analyzer
+    from dpsql.sql.analyze import Analyzer
     from dpsql.sql.shape import QueryShape
 
 __all__ = [
@@ -47,10 +45,10 @@ __all__ = [
     "clamped",
     "explained",
     "group_key",
+    "in_condition",
     "key_types",
     "normalized",
     "unfiltered",
-    "with_virtual_bounds",
 ]
 
 PREFIX = "__dp_e"
@@ -93,7 +91,7 @@ NUMBER = "NUMBER"
 """The kind of a numeric value inside an argument (numbers, numeric and BOOLEAN columns)."""
 
 
-def argument(analyzer: _Analyzer, node: exp.Expression, what: str) -> exp.Expression:
+def argument(analyzer: Analyzer, node: exp.Expression, what: str) -> exp.Expression:
     """``node`` checked against the allow-list and re-emitted with quoted columns and typed
     literals; ``what`` names the aggregate in messages.
 
@@ -105,7 +103,7 @@ def argument(analyzer: _Analyzer, node: exp.Expression, what: str) -> exp.Expres
 
 
 def _argument(
-    analyzer: _Analyzer, node: exp.Expression, what: str
+    analyzer: Analyzer, node: exp.Expression, what: str
 ) -> tuple[exp.Expression, str]:
     """``argument`` and the kind of its value: ``NUMBER`` or a column's database type."""
     if isinstance(node, exp.Paren):
@@ -165,7 +163,7 @@ def _argument(
     raise AssertionError
 
 
-def _number_operand(analyzer: _Analyzer, node: exp.Expression, what: str) -> exp.Expression:
+def _number_operand(analyzer: Analyzer, node: exp.Expression, what: str) -> exp.Expression:
     """An operand of arithmetic: it must be a number (refused before the charge otherwise, so
     that no conversion of a string or date can fail on some rows after it)."""
     emitted, kind = _argument(analyzer, node, what)
@@ -240,12 +238,12 @@ def clamped(
     literals of their own type)."""
     node = exp.Paren(this=node.copy())  # a root of its own, so that ``node`` itself is replaced
     for literal in list(node.find_all(exp.Literal)):
-        if literal.is_string or _in_condition(literal):
+        if literal.is_string or in_condition(literal):
             continue
         value = repr(float(literal.this))
         literal.replace(exp.maybe_parse(f"CAST({value} AS DOUBLE)", dialect="duckdb"))
     for column in list(node.find_all(exp.Column)):
-        if _in_condition(column):
+        if in_condition(column):
             continue
         kind = kinds.get(column.name)
         if kind is None or not (kind.numeric or kind is ColumnKind.BOOLEAN):
@@ -264,7 +262,7 @@ def clamped(
     return node.this
 
 
-def _in_condition(node: exp.Expression) -> bool:
+def in_condition(node: exp.Expression) -> bool:
     """Whether ``node`` sits in a CASE condition (the WHEN part), not in a value."""
     child: exp.Expression = node
     parent = node.parent
@@ -361,7 +359,7 @@ def _number(node: exp.Expression) -> float | None:
     return None
 
 
-def group_key(analyzer: _Analyzer, node: exp.Expression) -> str:
+def group_key(analyzer: Analyzer, node: exp.Expression) -> str:
     """A GROUP BY expression whose domain is public, as a virtual key column: bins
     ``FLOOR(col / w) * m`` of a bounded numeric column (w > 0, m an integer), or a condition
     (TRUE/FALSE). Its domain is enumerated by the database over the declared bounds before the
@@ -441,65 +439,3 @@ def bin_domain_sql(found: Bin, first: int, last: int) -> str:
         f"SELECT DISTINCT CAST({value} AS VARCHAR) AS __key, {value} AS __value "
         f"FROM range({int(first)}, {int(last) + 1}) AS __bins(__k) ORDER BY __value"
     )
-
-
-def _key(
-    name: str, expression: exp.Expression, table: TablePolicy, shape: QueryShape
-) -> tuple[exp.Expression, list[object]]:
-    """The expression the database runs for a virtual key, and its public domain (for a bin:
-    the distinct values the database enumerated when the query was bound, ``shape.domains``)."""
-    found = bin_of(expression)
-    if found is None:
-        return expression, [False, True]
-    domain = shape.domains.get(name)
-    interval = table.column(found.column).bounds
-    if domain is None or interval is None:
-        raise PolicyError(
-            f"the keys of GROUP BY {expression.sql(dialect='duckdb')} were not enumerated by the "
-            "database: bind the query with a backend first"
-        )
-    return bin_run(found, interval, shape.columns), list(domain)
-
-
-def with_virtual_bounds(shape: QueryShape, table: TablePolicy) -> tuple[QueryShape, TablePolicy]:
-    """``shape`` whose virtual columns read clamped columns, and ``table`` with their derived
-    bounds; a virtual column summed or averaged needs bounds on every numeric column it adds."""
-    virtual = getattr(shape, "virtual", None) or {}
-    if not virtual:
-        return shape, table
-    declared = {name: rules.bounds for name, rules in table.columns.items()}
-    summed = {a.column for a in shape.aggregates if a.kind.value in ("sum", "avg")}
-    columns = dict(table.columns)
-    runs: dict[str, exp.Expression] = {}
-    for name, expression in virtual.items():
-        if name.startswith(KEY_PREFIX):
-            runs[name], domain = _key(name, expression, table, shape)
-            columns[name] = table.column(name).model_copy(update={"public_keys": domain})
-            continue
-        interval = bounds_of(expression, declared, shape.columns)
-        if name in summed and interval is None:
-            missing = sorted(
-                c.name
-                for c in expression.find_all(exp.Column)
-                if not _in_condition(c)
-                and shape.columns.get(c.name) is not ColumnKind.BOOLEAN
-                and declared.get(c.name) is None
-            )
-            detail = (
-                f"set [tables.{shape.table}.columns.{missing[0]}] bounds = [low, high]"
-                if missing
-                else "sum numbers or bounded numeric columns"
-            )
-            raise PolicyError(f"{expression.sql(dialect='duckdb')!r} has no bounds: {detail}")
-        if interval is not None and not all(math.isfinite(v) for v in interval):
-            if name in summed:
-                raise PolicyError(
-                    f"the bounds of {expression.meta.get('text', expression.sql())!r} overflow a "
-                    "DOUBLE (its declared bounds are too wide for this arithmetic); narrow them"
-                )
-            interval = None
-        if interval is not None:
-            columns[name] = table.column(name).model_copy(update={"bounds": interval})
-        runs[name] = clamped(expression, declared, shape.columns)
-    table = table.model_copy(update={"columns": columns})
-    return replace(shape, virtual=runs), table

@@ -34,7 +34,7 @@ from dpsql.errors import UnsupportedQueryError
 from dpsql.sql.shape import ColumnKind
 
 if TYPE_CHECKING:
-    from dpsql.sql.analyze import _Analyzer
+    from dpsql.sql.analyze import Analyzer
     from dpsql.sql.shape import QueryShape
 
 __all__ = ["check_unit_filters", "is_text_operand", "like", "text_operand", "unit_filter"]
@@ -54,7 +54,7 @@ def is_text_operand(node: exp.Expression) -> bool:
     return not extra and (isinstance(node.this, exp.Column) or is_text_operand(node.this))
 
 
-def text_operand(analyzer: _Analyzer, node: exp.Expression, operator: str) -> exp.Expression:
+def text_operand(analyzer: Analyzer, node: exp.Expression, operator: str) -> exp.Expression:
     """A string column, or lower/upper/trim of one, as the generated SQL spells it."""
     functions = []
     inner = node
@@ -77,7 +77,7 @@ def text_operand(analyzer: _Analyzer, node: exp.Expression, operator: str) -> ex
     return emitted
 
 
-def text_comparison(analyzer: _Analyzer, node: exp.Expression, flipped: dict) -> exp.Expression:
+def text_comparison(analyzer: Analyzer, node: exp.Expression, flipped: dict) -> exp.Expression:
     """``lower(col) = 'x'`` and its kin (either side), re-emitted."""
     left, right, operator = node.this, node.expression, type(node)
     if not is_text_operand(left):
@@ -88,13 +88,13 @@ def text_comparison(analyzer: _Analyzer, node: exp.Expression, flipped: dict) ->
     )
 
 
-def _pattern(analyzer: _Analyzer, node: exp.Expression, operator: str) -> exp.Expression:
+def _pattern(analyzer: Analyzer, node: exp.Expression, operator: str) -> exp.Expression:
     if not (isinstance(node, exp.Literal) and node.is_string):
         analyzer.reject(node, f"{operator} takes a quoted string literal")
     return exp.Literal.string(node.this)
 
 
-def like(analyzer: _Analyzer, node: exp.Expression) -> exp.Expression:
+def like(analyzer: Analyzer, node: exp.Expression) -> exp.Expression:
     """``LIKE``/``ILIKE``/``starts_with``/``prefix`` of a string column and a literal."""
     if isinstance(node, exp.Escape):
         analyzer.reject(node, "LIKE ... ESCAPE is not supported; match without an escape")
@@ -124,7 +124,7 @@ def is_like(node: exp.Expression) -> bool:
     )
 
 
-def unit_filter(analyzer: _Analyzer, node: exp.In) -> exp.Expression:
+def unit_filter(analyzer: Analyzer, node: exp.In) -> exp.Expression:
     """``col IN (SELECT col FROM <same table> [WHERE ...])``, checked and re-emitted; the
     binder checks that ``col`` is the privacy unit (``check_unit_filters``)."""
     hint = (

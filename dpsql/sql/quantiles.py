@@ -13,13 +13,11 @@ from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
-from dpsql.errors import ParameterError
-from dpsql.mechanisms.quantile import quantile_fraction
 from dpsql.sql import expressions
 from dpsql.sql.shape import Aggregate, AggregateKind
 
 if TYPE_CHECKING:
-    from dpsql.sql.analyze import _Analyzer
+    from dpsql.sql.analyze import Analyzer
 
 __all__ = ["output"]
 
@@ -33,7 +31,7 @@ def _inner(node: exp.Expression) -> exp.Expression:
     return node
 
 
-def output(analyzer: _Analyzer, node: exp.Expression, name: str) -> Aggregate | None:
+def output(analyzer: Analyzer, node: exp.Expression, name: str) -> Aggregate | None:
     """The QUANTILE aggregate ``node`` is, or None when it is no quantile."""
     inner = _inner(node)
     if isinstance(inner, _DISCRETE):
@@ -77,7 +75,7 @@ def output(analyzer: _Analyzer, node: exp.Expression, name: str) -> Aggregate | 
     return Aggregate(AggregateKind.QUANTILE, column, name, q)
 
 
-def _fraction(analyzer: _Analyzer, literal: exp.Expression) -> Fraction:
+def _fraction(analyzer: Analyzer, literal: exp.Expression) -> Fraction:
     if isinstance(literal, exp.Array):
         analyzer.reject(literal, "ask for one quantile per aggregate: quantile_cont(col, q), ...")
     negative = isinstance(literal, exp.Neg)
@@ -86,7 +84,10 @@ def _fraction(analyzer: _Analyzer, literal: exp.Expression) -> Fraction:
         analyzer.reject(literal, "a quantile's q must be a number literal in [0, 1]")
     text = f"-{number.this}" if negative else str(number.this)
     try:
-        return quantile_fraction(text)
-    except ParameterError as error:
-        analyzer.reject(literal, str(error))
-        raise AssertionError from error
+        q = Fraction(text)
+    except (ValueError, ZeroDivisionError):
+        q = None
+    if q is None or not 0 <= q <= 1:
+        analyzer.reject(literal, f"a quantile must be in [0, 1], got {text}")
+        raise AssertionError
+    return q  # the mechanism's precision is checked where the quantile is priced

@@ -15,6 +15,7 @@ import duckdb
 import pytest
 from sqlglot import exp
 
+from dpsql.engine.virtual_columns import with_virtual_bounds
 from dpsql.sql import expressions
 from dpsql.sql.analyze import analyze
 from dpsql.sql.parse import parse
@@ -136,6 +137,6 @@ def test_sums_without_bounds_are_refused_before_the_charge() -> None:
         {"privacy_unit": "uid", "columns": {"a": {"bounds": [0, 1]}}}
     )
     with pytest.raises(PolicyError, match=r"columns\.uid\] bounds"):
-        expressions.with_virtual_bounds(shape, table)
+        with_virtual_bounds(shape, table)
     counted = analyze(parse("SELECT COUNT(CASE WHEN a > 0 THEN uid END) FROM t"), CATALOG)
-    assert expressions.with_virtual_bounds(counted, table)[0].virtual
+    assert with_virtual_bounds(counted, table)[0].virtual
