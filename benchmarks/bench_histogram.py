@@ -113,7 +113,7 @@ class Instrumented:
         self.session = session
         self.meter = Meter()
         self.last_sql = ""
-        run, charge = session.backend.run, session._ledger.charge
+        run, charge = session.backend.run, session.ledger_store.charge
 
         def timed_run(sql: str) -> pd.DataFrame:
             self.last_sql = sql
@@ -125,7 +125,7 @@ class Instrumented:
                 return charge(**kwargs)
 
         session.backend.run = timed_run  # type: ignore[method-assign]
-        session._ledger.charge = timed_charge  # type: ignore[method-assign]
+        session.ledger_store.charge = timed_charge  # type: ignore[method-assign]
 
     def _timed(
         self, function: Callable[..., Any], section: str, depth: list[int]

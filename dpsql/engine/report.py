@@ -27,9 +27,11 @@ from dpsql.accountant.units import Cost, check_budget_value
 from dpsql.engine.accuracy import least_epsilon, output_errors, plan_error
 from dpsql.engine.allocation import split_units
 from dpsql.engine.planner import QueryPlan
+from dpsql.engine.query import after_charge, check_ranges, planner
+from dpsql.engine.release import answer as release_answer
 from dpsql.engine.report_spec import QuerySpec, ReportSpec
 from dpsql.engine.results import BudgetStatus, QueryResult
-from dpsql.engine.session import Session, _after_charge
+from dpsql.engine.session import Session
 from dpsql.errors import BudgetExceededError, ParameterError, PolicyError, QueryError
 
 __all__ = ["PlannedQuery", "ReportPlan", "ReportRun", "plan_report", "run_report"]
@@ -175,23 +177,19 @@ def _planner(
 ) -> tuple[Callable[[float], QueryPlan], str]:
     """A function planning ``query`` at a given epsilon (reads no data), and its normalized SQL.
     The SQL is parsed and bound once; the report's confidence replaces the policy's."""
-    bound, normalized = session._shape(query.sql)
+    bound, normalized = session.bind(query.sql)
     for option in ("epsilon", "delta", "accuracy", "confidence"):
         if option in bound.shape.options:
             raise ParameterError(
                 f"the report sets {option}; remove it from OPTIONS(...)"
             )
-    if bound.shape.range_join is not None:
-        session._check_one_range_per_group(bound.shape)
+    check_ranges(bound.shape, session.policy, session.backend)
     policy = session.policy
     if spec.confidence is not None:
         dataset = policy.dataset.model_copy(update={"confidence": spec.confidence})
-        session.policy = policy.model_copy(update={"dataset": dataset})
-    try:
-        delta = check_budget_value("delta", query.delta, allow_zero=True)
-        return session._planner(bound, delta, None, None), normalized
-    finally:
-        session.policy = policy
+        policy = policy.model_copy(update={"dataset": dataset})
+    delta = check_budget_value("delta", query.delta, allow_zero=True)
+    return planner(bound, policy, session.binder, delta=delta), normalized
 
 
 def plan_report(session: Session, spec: ReportSpec) -> ReportPlan:
@@ -320,7 +318,7 @@ def run_report(
     plan = plan_report(session, spec)
     plan.check_fits()
     event = SequentialEvent(tuple(q.plan.event for q in plan.queries))
-    entry = session._ledger.charge(
+    entry = session.ledger_store.charge(
         analyst=session.analyst,
         event=event,
         query=f"REPORT {spec.title!r}: " + "; ".join(f"{q.name}: {q.sql}" for q in plan.queries),
@@ -336,7 +334,7 @@ def run_report(
     def answer_and_write() -> ReportRun:
         results = {}
         for query in plan.queries:
-            answer = session._answer(query.plan, entry)
+            answer = release_answer(query.plan, entry, session.release_context())
             results[query.name] = answer.model_copy(
                 update={"epsilon": query.cost.epsilon, "delta": query.cost.delta}
             )
@@ -352,12 +350,12 @@ def run_report(
             shutil.rmtree(staging, ignore_errors=True)
         return ReportRun(plan, ledger_entry, results, out)
 
-    return _after_charge(answer_and_write)  # type: ignore[arg-type,return-value]
+    return after_charge(answer_and_write)  # type: ignore[arg-type,return-value]
 
 
 def _audit(session: Session, seq: int) -> dict[str, Any]:
     """The analyst's ledger entries with their hashes, and the chain's verification."""
-    ledger = session._ledger
+    ledger = session.ledger_store
     try:
         count = ledger.verify()
         verified, detail = True, f"hash chain and totals of all {count} entries verified"

@@ -7,56 +7,47 @@ charge charges nothing; once charged, the charge stands even if the answer is lo
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from dpsql import deadline
 from dpsql.accountant.events import Event, PostProcessingEvent, total
 from dpsql.accountant.ledger import Ledger, LedgerEntry
 from dpsql.accountant.limits import Limits
-from dpsql.accountant.units import Cost, check_budget_value
+from dpsql.accountant.units import Cost
 from dpsql.engine.accuracy import (
-    accuracy_details,
-    accuracy_target,
     least_epsilon,
     output_errors,
-    with_confidence,
 )
 from dpsql.engine.answers import (
     ALP_ROWS_PER_KEY,
-    QUANTILE_WEIGHT,
-    key_answer,
-    laplace_answer,
-    quantile_answer,
-    range_answer,
 )
-from dpsql.engine.backends import Backend, DuckDBBackend, Scratch
+from dpsql.engine.backends import Backend, DuckDBBackend
 from dpsql.engine.contributions import contribution_answer, plan_contributions
 from dpsql.engine.derived import post_processed
-from dpsql.engine.literals import Binder, BoundShape
+from dpsql.engine.literals import Binder
 from dpsql.engine.planner import (
-    AUTO_BOUND_EXPONENTS,
-    QuantilePlan,
     QueryPlan,
-    plan_query,
-    unit_weights_of,
     with_key_hash_seed,
 )
 from dpsql.engine.policy import Policy, load_policy, parse_policy
 from dpsql.engine.progress import (
-    ADDING_NOISE,
-    DONE,
-    READING_DATA,
     Progress,
-    accepts_progress,
-    no_progress,
-    relabel,
 )
+from dpsql.engine.query import (
+    BoundQuery,
+    after_charge,
+    bind,
+    check_ranges,
+    planner,
+    resolve_budget,
+    summary,
+    visible_catalog,
+)
+from dpsql.engine.release import ReleaseContext, answer, read
 from dpsql.engine.results import BudgetReport, BudgetStatus, QueryResult
 from dpsql.engine.stored_results import ResultStore
 from dpsql.engine.stream_desk import StreamDesk, list_streams
@@ -65,34 +56,18 @@ from dpsql.engine.synopses import (
     PointQuery,
     Synopsis,
     SynopsisStore,
-    conjuncts,
     point_queries,
 )
-from dpsql.engine.synopses import now as synopsis_time
 from dpsql.errors import (
-    FAILED_AFTER_CHARGE,
-    ExecutionError,
     ParameterError,
     PolicyError,
-    UnsupportedQueryError,
 )
-from dpsql.mechanisms import svt
 from dpsql.mechanisms.combined import CombinedRelease
 from dpsql.mechanisms.random import session_generator
-from dpsql.sql.analyze import analyze
-from dpsql.sql.exclusion import FOUND_COLUMN, second_round_weights, without_keys
 from dpsql.sql.expressions import explained
 from dpsql.sql.generate import (
-    Histogram,
-    bounded_aggregate,
-    clipping_profile,
     contribution_profile,
-    public_groups,
-    range_counts,
-    ranges_per_group,
-    ranked_cells,
 )
-from dpsql.sql.parse import parse, refusing_deep_recursion
 from dpsql.sql.shape import ColumnKind, QueryShape
 
 __all__ = [
@@ -223,9 +198,9 @@ class Session:
         if backend is None and not self.database.is_file() and not ledger_path(database).exists():
             raise ParameterError(f"database file {str(database)!r} does not exist")
         self.rng = session_generator()
-        self._ledger = Ledger(ledger_path(database), dataset=self.database.stem)
+        self.ledger_store = Ledger(ledger_path(database), dataset=self.database.stem)
         self.policy = self._load_policy()
-        self._ledger.dataset = _dataset_name(database, self.policy)
+        self.ledger_store.dataset = _dataset_name(database, self.policy)
         # The policy may point tables at Parquet/CSV files: the backend exposes exactly those.
         self.backend = (
             backend if backend is not None else DuckDBBackend.for_policy(database, self.policy)
@@ -233,8 +208,7 @@ class Session:
         if analyst not in self.policy.analysts:
             raise PolicyError(f"analyst {analyst!r} has no allocation in the policy")
         self.progress = progress
-        self._backend_reports_progress = accepts_progress(self.backend.run)
-        self._binder = Binder(self.backend, self.backend.catalog())
+        self.binder = Binder(self.backend, self.backend.catalog())
         # Released answers and synopses live in the ledger file too: opened once per session,
         # not once per query.
         self._results = ResultStore(ledger_path(database))
@@ -242,7 +216,7 @@ class Session:
         self._streams = StreamDesk(self, StreamStore(ledger_path(database)))
 
     def _load_policy(self) -> Policy:
-        document = self._ledger.policy()
+        document = self.ledger_store.policy()
         if document is None:
             raise PolicyError(
                 f"no privacy policy is set for {str(self.database)!r}; run "
@@ -261,118 +235,74 @@ class Session:
         self._results.close()
         self._synopsis_store.close()
         self._streams.close()
-        self._ledger.close()
+        self.ledger_store.close()
 
     # planning -----------------------------------------------------------------------------------
-    def _shape(self, sql: str) -> tuple[BoundShape, str]:
-        parsed = parse(sql, self.dialect)
-        deadline.check()
+    def refresh_policy(self) -> Policy:
+        """The policy in force, read again (the administrator may have set a new one)."""
         self.policy = self._load_policy()
-        with refusing_deep_recursion():
-            shape = analyze(parsed, self._visible_catalog())
-            deadline.check()
-            return self._binder.bind(shape, self.policy), parsed.expression.sql(
-                dialect=self.backend.dialect
-            )
+        return self.policy
 
-    def _visible_catalog(self) -> dict[str, dict[str, str]]:
-        """The tables an analyst may name: the policy's tables and public tables. Others do not
-        exist for them: their names and column types are not the analyst's to read."""
-        named = {name.lower() for name in (*self.policy.tables, *self.policy.public_tables)}
-        return {t: c for t, c in self.backend.catalog().items() if t.lower() in named}
+    def bind(self, sql: str, dialect: str | None = None) -> BoundQuery:
+        """``sql`` checked and bound under the policy in force (``dpsql.engine.query.bind``)."""
+        return bind(
+            sql,
+            dialect=dialect or self.dialect,
+            policy=self.refresh_policy(),
+            backend=self.backend,
+            binder=self.binder,
+        )
 
-    def _check_one_range_per_group(self, shape: QueryShape) -> None:
-        """Refuse a range JOIN whose GROUP BY groups hold several distinct ranges: one row would
-        count in each of them while the noise is set for one (reads the public table only)."""
-        join = shape.range_join
-        assert join is not None
-        if join.table.lower() not in {name.lower() for name in self.policy.public_tables}:
-            return  # the planner refuses it, naming the missing declaration
-        most = int(self.backend.run(ranges_per_group(shape, self.backend.dialect)).iloc[0, 0])
-        if most > 1:
-            raise UnsupportedQueryError(
-                f"GROUP BY {', '.join(shape.group_by)} puts up to {most} different ranges of "
-                f"{join.table!r} in one group; group by columns that identify one range (e.g. "
-                "its low and high columns)"
-            )
-
-    def _keys(self, shape: QueryShape) -> dict[str, list[Any]]:
-        """Public keys of the group columns as the database converted them."""
-        table = self.policy.table(shape.table)
-        if table is None or shape.range_join is not None:
-            return {}
-        return {
-            column: self._binder.keys(shape.table, column, keys)
-            for column in shape.group_by
-            if (keys := table.column(column).public_keys) is not None
-        }
+    def plan(
+        self,
+        sql: str,
+        *,
+        epsilon: float | None = None,
+        delta: float | None = None,
+        mechanism: str | None = None,
+        max_answers: int | None = None,
+        accuracy: float | None = None,
+    ) -> QueryPlan:
+        """The plan ``execute`` would charge for ``sql`` (reads no data, charges nothing)."""
+        return self._plan(self.bind(sql), epsilon, delta, mechanism, max_answers, accuracy)
 
     def _plan(
         self,
-        sql: str,
+        query: BoundQuery,
         epsilon: float | None,
         delta: float | None,
-        mechanism: str | None = None,
-        shaped: tuple[BoundShape, str] | None = None,
-        max_answers: int | None = None,
-        accuracy: float | None = None,
-    ) -> tuple[QueryPlan, str]:
-        bound, normalized = shaped if shaped is not None else self._shape(sql)
-        shape = bound.shape
-        if shape.range_join is not None:
-            self._check_one_range_per_group(shape)
-        options = shape.options
-        for name, given in (("epsilon", epsilon), ("delta", delta)):
-            if given is not None and name in options and options[name] != given:
-                raise ParameterError(
-                    f"{name} is given both in OPTIONS ({options[name]}) and as "
-                    f"an argument ({given}); give it once"
-                )
-        target = accuracy_target(accuracy, options, epsilon)
-        epsilon = (
-            epsilon
-            if epsilon is not None or target is not None
-            else options.get("epsilon", self.policy.dataset.default_query_epsilon)
+        mechanism: str | None,
+        max_answers: int | None,
+        accuracy: float | None,
+    ) -> QueryPlan:
+        shape = query.bound.shape
+        check_ranges(shape, self.policy, self.backend)
+        budget = resolve_budget(
+            shape, self.policy, epsilon=epsilon, delta=delta, accuracy=accuracy
         )
-        if epsilon is None and target is None:
-            raise ParameterError(
-                "no epsilon given: pass epsilon=..., use "
-                "WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=...), or set "
-                "dataset.default_query_epsilon in the policy"
-            )
-        delta = (
-            delta
-            if delta is not None
-            else options.get("delta", self.policy.dataset.default_query_delta)
+        plan_at = planner(
+            query.bound,
+            self.policy,
+            self.binder,
+            delta=budget.delta,
+            mechanism=mechanism,
+            max_answers=max_answers,
         )
-        delta = check_budget_value("delta", delta, allow_zero=True)
-        plan_at = self._planner(bound, delta, mechanism, max_answers)
-        if target is not None:
+        if budget.epsilon is None:
             ceiling = min(self.policy.dataset.epsilon, self.policy.analysts[self.analyst].epsilon)
-            return least_epsilon(plan_at, target, ceiling=ceiling), normalized
-        return plan_at(check_budget_value("epsilon", epsilon, allow_zero=False)), normalized
+            return least_epsilon(plan_at, budget.target, ceiling=ceiling)
+        return plan_at(budget.epsilon)
 
-    def _planner(
-        self, bound: BoundShape, delta: float, mechanism: str | None, max_answers: int | None
-    ) -> Callable[[float], QueryPlan]:
-        """Plans of a bound query at any epsilon, with the policy's (or ``OPTIONS``')
-        confidence; public keys are converted once. Reads no data."""
-        policy = with_confidence(self.policy, bound.shape.options)
-        keys = self._keys(bound.shape)
-
-        def plan_at(epsilon: float) -> QueryPlan:
-            return plan_query(
-                bound.shape,
-                policy,
-                epsilon=epsilon,
-                delta=delta,
-                mechanism=mechanism,
-                max_answers=max_answers,
-                keys=keys,
-                partition=bound.partition,
-            )
-
-        return plan_at
+    def release_context(self) -> ReleaseContext:
+        """What reading and releasing a charged plan needs from this session."""
+        return ReleaseContext(
+            backend=self.backend,
+            rng=self.rng,
+            analyst=self.analyst,
+            policy=self.policy,
+            progress=self.progress,
+            synopses=self._synopsis_store,
+        )
 
     def explain(
         self,
@@ -383,23 +313,25 @@ class Session:
         mechanism: str | None = None,
         max_answers: int | None = None,
         accuracy: float | None = None,
+        dialect: str | None = None,
     ) -> dict[str, Any]:
         """Plan, mechanism, sensitivities, expected error and cost of ``sql``, without reading
         data or charging. With ``accuracy`` (or ``OPTIONS(accuracy=...)``), the least epsilon
-        meeting it. Bounded by the policy's ``time_limit`` like ``execute``."""
+        meeting it. Bounded by the policy's ``time_limit`` like ``execute``; ``dialect`` (default:
+        the session's) is the SQL dialect ``sql`` is written in."""
         with deadline.request(self.policy.dataset.time_limit):
-            return self._explain(sql, epsilon, delta, mechanism, max_answers, accuracy)
+            shaped = self.bind(sql, dialect)
+            return self._explain(shaped, epsilon, delta, mechanism, max_answers, accuracy)
 
     def _explain(
         self,
-        sql: str,
+        shaped: BoundQuery,
         epsilon: float | None,
         delta: float | None,
         mechanism: str | None,
         max_answers: int | None,
         accuracy: float | None,
     ) -> dict[str, Any]:
-        shaped = self._shape(sql)
         synopsis = self._synopsis_for(shaped[0].shape, mechanism, accuracy)
         if synopsis is not None:
             return {
@@ -415,14 +347,12 @@ class Session:
             if wanted := self._streams.requested(shaped[0].shape, mechanism):
                 opening = self._streams.plan_for_query(shaped[0].shape, wanted, epsilon, delta)
                 return self._streams.explain_opening(opening, shaped[1])
-        plan, normalized = self._plan(
-            sql, epsilon, delta, mechanism, shaped, max_answers, accuracy
-        )
+        plan = self._plan(shaped, epsilon, delta, mechanism, max_answers, accuracy)
         cost = total(plan.event)
         status = self.budget()
         return {
-            "query": normalized,
-            "plan": self._summary(plan, shaped[0].shape, accuracy) | explained(plan.shape),
+            "query": shaped.normalized,
+            "plan": summary(plan, shaped.bound.shape, accuracy) | explained(plan.shape),
             "expected_error": _shown_errors(plan),
             "cost": {"epsilon": cost.epsilon, "delta": cost.delta},
             "draws_on": [
@@ -441,6 +371,7 @@ class Session:
         mechanism: str | None = None,
         max_answers: int | None = None,
         accuracy: float | None = None,
+        dialect: str | None = None,
     ) -> QueryResult:
         """Answer ``sql`` with differential privacy, charging the analyst's budget first.
 
@@ -448,21 +379,22 @@ class Session:
         public keys are released. A point count that a stored synopsis covers is answered from it,
         for free, unless ``mechanism="laplace"`` asks for fresh noise. ``accuracy`` (or
         ``OPTIONS(accuracy=..., confidence=...)``) replaces epsilon: the least epsilon whose
-        intervals are at most ±accuracy wide is charged (``details["accuracy"]``).
+        intervals are at most ±accuracy wide is charged (``details["accuracy"]``). ``dialect``
+        (default: the session's) is the SQL dialect ``sql`` is written in.
         """
         with deadline.request(self.policy.dataset.time_limit):
-            return self._execute(sql, epsilon, delta, mechanism, max_answers, accuracy)
+            shaped = self.bind(sql, dialect)
+            return self._execute(shaped, epsilon, delta, mechanism, max_answers, accuracy)
 
     def _execute(
         self,
-        sql: str,
+        shaped: BoundQuery,
         epsilon: float | None,
         delta: float | None,
         mechanism: str | None,
         max_answers: int | None,
         accuracy: float | None,
     ) -> QueryResult:
-        shaped = self._shape(sql)
         synopsis = self._synopsis_for(shaped[0].shape, mechanism, accuracy)
         if synopsis is not None:
             return self._from_synopsis(synopsis, (shaped[0].shape, shaped[1]))
@@ -470,39 +402,27 @@ class Session:
             answered = self._from_stream(shaped, mechanism, epsilon, delta)
             if answered is not None:
                 return answered
-        plan, normalized = self._plan(
-            sql, epsilon, delta, mechanism, shaped, max_answers, accuracy
-        )
+        plan = self._plan(shaped, epsilon, delta, mechanism, max_answers, accuracy)
         plan = with_key_hash_seed(plan, self.rng)
-        summary = self._summary(plan, shaped[0].shape, accuracy)
-        entry = self._ledger.charge(
+        shown = summary(plan, shaped.bound.shape, accuracy)
+        entry = self.ledger_store.charge(
             analyst=self.analyst,
             event=plan.event,
-            query=normalized,
-            plan=summary,
+            query=shaped.normalized,
+            plan=shown,
             mechanism=plan.mechanism,
             partition=plan.partition,
         )
         post = plan.shape.post
 
-        def answer() -> QueryResult:
-            released = self._answer(plan, entry)
-            if "accuracy" in summary:
-                details = {**released.details, "accuracy": summary["accuracy"]}
-                released = released.model_copy(update={"details": details})
-            return self._kept(released if post is None else post_processed(released, post))
+        def released() -> QueryResult:
+            result = answer(plan, entry, self.release_context())
+            if "accuracy" in shown:
+                details = {**result.details, "accuracy": shown["accuracy"]}
+                result = result.model_copy(update={"details": details})
+            return self._kept(result if post is None else post_processed(result, post))
 
-        return _after_charge(answer)
-
-    def _summary(
-        self, plan: QueryPlan, shape: QueryShape, accuracy: float | None
-    ) -> dict[str, Any]:
-        """The plan as EXPLAIN and the ledger show it, with the accuracy target when one chose
-        the epsilon."""
-        target = accuracy_target(accuracy, shape.options, None)
-        if target is None:
-            return plan.summary()
-        return {**plan.summary(), "accuracy": accuracy_details(plan, target)}
+        return after_charge(released)
 
     @staticmethod
     def _streams_for(shape: QueryShape, accuracy: float | None) -> bool:
@@ -512,7 +432,7 @@ class Session:
 
     def _from_stream(
         self,
-        shaped: tuple[BoundShape, str],
+        shaped: BoundQuery,
         mechanism: str | None,
         epsilon: float | None,
         delta: float | None,
@@ -523,7 +443,7 @@ class Session:
         if stream is None and (wanted := self._streams.requested(shaped[0].shape, mechanism)):
             opening = self._streams.plan_for_query(shaped[0].shape, wanted, epsilon, delta)
             entry = self._streams.charge(opening)
-            opened = _after_charge(lambda: self._streams.build(opening, entry))  # type: ignore[arg-type,return-value]
+            opened = after_charge(lambda: self._streams.build(opening, entry))  # type: ignore[arg-type,return-value]
             stream = self._streams.route(shaped[0].shape, mechanism)
         if stream is None:
             return None
@@ -568,7 +488,7 @@ class Session:
             warm_share=warm_share,
         )
         entry = self._streams.charge(plan)
-        return _after_charge(lambda: self._streams.build(plan, entry))  # type: ignore[arg-type,return-value]
+        return after_charge(lambda: self._streams.build(plan, entry))  # type: ignore[arg-type,return-value]
 
     def _kept(self, result: QueryResult) -> QueryResult:
         """Store a released answer under its ledger entry (``dpsql result N``), return it."""
@@ -593,17 +513,16 @@ class Session:
         person's rows, groups and largest group, and the smallest powers of two covering
         ``coverage`` of the persons in ``details["suggested"]``). Charged like any query, at
         ``epsilon`` (default ``contributions.DEFAULT_EPSILON`` = 0.1)."""
-        self.policy = self._load_policy()
         plan = plan_contributions(
-            self.policy,
-            self._visible_catalog(),
+            self.refresh_policy(),
+            visible_catalog(self.backend, self.policy),
             table,
             group_by=group_by,
             epsilon=epsilon,
             suggest=suggest,
             coverage=coverage,
         )
-        entry = self._ledger.charge(
+        entry = self.ledger_store.charge(
             analyst=self.analyst,
             event=plan.event,
             query=plan.query,
@@ -613,264 +532,25 @@ class Session:
         profile = contribution_profile(
             plan.table, bounds=plan.bounds, group_by=plan.group_by, dialect=self.backend.dialect
         )
-        return _after_charge(
+        return after_charge(
             lambda: self._kept(
                 contribution_answer(
-                    plan, self._read(profile), entry, rng=self.rng, analyst=self.analyst
-                )
-            )
-        )
-
-    def _answer(self, plan: QueryPlan, entry: LedgerEntry) -> QueryResult:
-        """Read the charged plan's aggregates and release them, saying what they measure."""
-        answer, released = self._released(plan, entry)
-        return answer.model_copy(update={"measures": released.measures()})
-
-    def _released(self, plan: QueryPlan, entry: LedgerEntry) -> tuple[QueryResult, QueryPlan]:
-        """The answer and the plan it was released under (automatic bounds re-plan)."""
-        progress = self.progress if self.progress is not None else no_progress
-        if plan.range_queries is not None:
-            groups = self._read(public_groups(plan.shape, self.backend.dialect), "reading groups")
-            counts = self._read(
-                range_counts(
-                    plan.shape,
-                    unit=plan.bounds.unit,
-                    max_rows_per_unit=plan.bounds.max_rows_per_unit,
-                    dialect=self.backend.dialect,
-                )
-            )
-            progress(ADDING_NOISE, None)
-            answer = range_answer(plan, groups, counts, entry, rng=self.rng, analyst=self.analyst)
-            progress(DONE, 1.0)
-            return answer, plan
-        if plan.quantiles:
-            by_column = {spec.column: spec for spec in plan.quantiles}
-            frames = {c: self._read(self._histogram_sql(plan, s)) for c, s in by_column.items()}
-            progress(ADDING_NOISE, None)
-            answer = quantile_answer(plan, frames, entry, rng=self.rng, analyst=self.analyst)
-            progress(DONE, 1.0)
-            return answer, plan
-        details: dict[str, Any] = {}
-        if plan.auto_bounds is not None:
-            plan, details = self._with_automatic_bounds(plan)
-        salt = int(self.rng.integers(0, 2**62))
-        if plan.key_release is not None:
-            with contextlib.ExitStack() as stack:
-                scratch = self._scratch(plan, stack)
-                if scratch is None:
-                    frame = self._read(self._bounded(plan, salt))
-                    second_round = self._second_round(plan, salt)
-                else:
-                    frame, second_round = self._kept_cells(plan, salt, scratch)
-                progress(f"building {plan.mechanism} release", None)
-                answer, structure = key_answer(
                     plan,
-                    frame,
+                    read(self.release_context(), profile),
                     entry,
                     rng=self.rng,
                     analyst=self.analyst,
-                    second_round=second_round,
                 )
-            if structure is not None:
-                self._store_synopsis(plan, entry, structure)
-            progress(DONE, 1.0)
-            return answer, plan
-        frame = self._read(self._bounded(plan, salt))
-        progress(ADDING_NOISE, None)
-        result = laplace_answer(plan, frame, entry, rng=self.rng, analyst=self.analyst)
-        progress(DONE, 1.0)
-        return (result.model_copy(update={"details": details}) if details else result), plan
-
-    def _bounded(self, plan: QueryPlan, salt: int, cells_table: str | None = None) -> str:
-        """The plan's bounded aggregation (reading materialised ranked cells with
-        ``cells_table``)."""
-        return bounded_aggregate(
-            plan.shape,
-            **_aggregation(plan, salt),
-            dialect=self.backend.dialect,
-            cells_table=cells_table,
-        )
-
-    def _scratch(self, plan: QueryPlan, stack: contextlib.ExitStack) -> Scratch | None:
-        """Temporary tables for mad2r's cells, when the backend keeps them (DuckDB); dropped
-        when ``stack`` closes, however the query ends."""
-        release = plan.key_release
-        scratch = getattr(self.backend, "scratch", None)
-        if release is None or release.mechanism != "mad2r" or not callable(scratch):
-            return None
-        return stack.enter_context(scratch())
-
-    def _kept_cells(
-        self, plan: QueryPlan, salt: int, scratch: Scratch
-    ) -> tuple[pd.DataFrame, Callable[[Any], pd.DataFrame]]:
-        """mad2r in one read of the data: round 1's ranked cells materialised in ``scratch``,
-        round 1's aggregation and round 2's weights read from them
-        (``dpsql.sql.exclusion.second_round_weights``: the same weights as the bounded
-        aggregation without round 1's keys, same salt)."""
-        release = plan.key_release
-        assert release is not None
-        weights = unit_weights_of(plan)
-        assert weights is not None
-        cells = scratch.table(
-            ranked_cells(plan.shape, **_aggregation(plan, salt)), self._reporting(READING_DATA)
-        )
-        frame = self._read(self._bounded(plan, salt, cells_table=cells), "aggregating cells")
-        text = plan.shape.columns[release.column] is ColumnKind.STRING
-
-        def read(found: Any) -> pd.DataFrame:
-            keys = scratch.values(FOUND_COLUMN, found, text=text)
-            return self._read(
-                second_round_weights(cells, keys, release.column, weights), "reading round 2"
-            )
-
-        return frame, read
-
-    def _second_round(self, plan: QueryPlan, salt: int) -> Callable[[Any], pd.DataFrame] | None:
-        """mad2r's round 2 where the backend keeps no cells: the same bounded aggregation (same
-        salt) without round 1's keys, only the weights (``dpsql.mechanisms.adaptive_selection``)."""
-        release = plan.key_release
-        if release is None or release.mechanism != "mad2r":
-            return None
-
-        def read(found: Any) -> pd.DataFrame:
-            sql = bounded_aggregate(
-                without_keys(plan.shape, release.column, list(found)),
-                **{**_aggregation(plan, salt), "measures": []},  # only the weights
-                dialect=self.backend.dialect,
-            )
-            return self._read(sql, "reading round 2")
-
-        return read
-
-    def _histogram_sql(self, plan: QueryPlan, spec: QuantilePlan) -> str:
-        """The bounded histogram a quantile reads (``dpsql.sql.generate.Histogram``)."""
-        return bounded_aggregate(
-            plan.shape,
-            measures=[],
-            bounds=plan.bounds,
-            public_keys=plan.key_literals,
-            salt=int(self.rng.integers(0, 2**62)),
-            dialect=self.backend.dialect,
-            histogram=Histogram(
-                spec.column, spec.low, spec.high, spec.candidates, QUANTILE_WEIGHT
-            ),
-        )
-
-    def _read(self, sql: str, stage: str = READING_DATA) -> pd.DataFrame:
-        """The backend's rows for generated ``sql``, reported as ``stage`` (with the backend's
-        estimate when its ``run`` takes ``progress``). Without a callback the backend is called
-        exactly as before (DuckDB: no worker thread)."""
-        progress = self._reporting(stage)
-        if progress is None:
-            return self.backend.run(sql)
-        return self.backend.run(sql, progress=progress)
-
-    def _reporting(self, stage: str) -> Progress | None:
-        """What to give a backend's ``run`` as ``progress`` for ``stage``: None without a
-        callback, or when the backend does not report (then ``stage`` is reported here)."""
-        if self.progress is None:
-            return None
-        if self._backend_reports_progress:
-            return relabel(self.progress, stage)
-        self.progress(stage, None)
-        return None
-
-    def _with_automatic_bounds(self, plan: QueryPlan) -> tuple[QueryPlan, dict[str, Any]]:
-        """Spend the automatic-bounds share on AboveThreshold, then re-plan with the bound.
-
-        The whole query was charged already; the new plan uses the remaining epsilon exactly as
-        the charged event split it.
-        """
-        auto = plan.auto_bounds
-        assert auto is not None
-        nonnegative = auto.mode == "nonnegative"
-        profile = self._read(
-            clipping_profile(
-                plan.shape,
-                column=auto.column,
-                unit=plan.bounds.unit,
-                max_rows_per_unit=plan.bounds.max_rows_per_unit,
-                exponents=AUTO_BOUND_EXPONENTS,
-                nonnegative=nonnegative,
-                partition=plan.bounds.partition,
-                dialect=self.backend.dialect,
-            ),
-            "choosing bounds",
-        )
-        answers = -profile.iloc[0].to_numpy(dtype=np.float64)
-        found = svt.above_threshold_release(
-            answers,
-            threshold=0.0,
-            epsilon=auto.epsilon,
-            sensitivity=plan.bounds.max_rows_per_unit,
-            monotone=True,
-            rng=self.rng,
-        )
-        exponent = AUTO_BOUND_EXPONENTS[found.indices[0] if found.indices else -1]
-        bound = 2.0**exponent
-        chosen = (0.0, bound) if nonnegative else (-bound, bound)
-        table = plan.table
-        rules = table.column(auto.column).model_copy(update={"bounds": chosen})
-        table = table.model_copy(update={"columns": {**table.columns, auto.column: rules}})
-        name = next(k for k in self.policy.tables if k.lower() == plan.shape.table.lower())
-        policy = self.policy.model_copy(update={"tables": {**self.policy.tables, name: table}})
-        bounded = plan_query(
-            plan.shape,
-            policy,
-            epsilon=auto.rest,
-            delta=plan.delta,
-            keys=plan.key_literals,
-            partition=plan.partition,
-        )
-        details = {
-            "automatic_bounds": {
-                "column": auto.column,
-                "bounds": list(chosen),
-                "epsilon_for_bounds": auto.epsilon,
-                "epsilon_for_aggregates": auto.rest,
-                "mechanism": "above_threshold (monotone) over clipped-sum differences",
-            }
-        }
-        return bounded, details
-
-    # sparse histograms and synopses -------------------------------------------------------------
-    def _store_synopsis(
-        self, plan: QueryPlan, entry: LedgerEntry, structure: CombinedRelease
-    ) -> None:
-        release = plan.key_release
-        assert release is not None
-        self._synopsis_store.save(
-            Synopsis(
-                name=f"{plan.shape.table}_{release.column}_{entry.seq}",
-                created=synopsis_time(),
-                table=plan.shape.table,
-                column=release.column,
-                filters=conjuncts(plan.shape.where),
-                epsilon=plan.epsilon,
-                delta=release.delta,
-                mechanism="combined",
-                ledger_entry=entry.seq,
-                params={
-                    "tau": int(structure.threshold.tau),
-                    "seed": structure.seed,
-                    "split": structure.split,
-                    "contribution_bounds": {
-                        "max_groups_per_unit": plan.bounds.max_groups_per_unit,
-                        "max_rows_per_group": plan.bounds.max_rows_per_group,
-                        "max_rows_per_unit": plan.bounds.max_rows_per_unit,
-                    },
-                },
-                data=structure.to_bytes(),
             )
         )
 
-    def _synopsis_owner(self) -> str | None:
+    def synopsis_owner(self) -> str | None:
         """Whose synopses answer this analyst: their own, or everyone's if the policy shares."""
         return None if self.policy.dataset.share_synopses else self.analyst
 
     def synopses(self) -> list[dict[str, Any]]:
         """The stored synopses this analyst may use (parameters only, never the bytes)."""
-        listed = [s.describe() for s in self._synopsis_store.all(self._synopsis_owner())]
+        listed = [s.describe() for s in self._synopsis_store.all(self.synopsis_owner())]
         return listed + self._streams.listing()
 
     def _synopsis_for(
@@ -885,7 +565,7 @@ class Session:
             return None
         for query in readings:
             found = self._synopsis_store.find(
-                shape.table, query.column, query.filters, self._synopsis_owner()
+                shape.table, query.column, query.filters, self.synopsis_owner()
             )
             if found is not None:
                 return found, query
@@ -902,7 +582,7 @@ class Session:
             keys, confidence=self.policy.dataset.confidence, keys_per_row=1 / ALP_ROWS_PER_KEY
         )
         event = PostProcessingEvent(f"synopsis:{synopsis.name}", "COUNT(*)")
-        entry = self._ledger.charge(
+        entry = self.ledger_store.charge(
             analyst=self.analyst,
             event=event,
             query=normalized,
@@ -950,24 +630,24 @@ class Session:
         Check-and-record is atomic; raise ``BudgetExceededError`` and record nothing when a limit
         would be passed. Call it before the release leaves the engine.
         """
-        return self._ledger.charge(
+        return self.ledger_store.charge(
             analyst=self.analyst, event=event, query=query, plan=plan, mechanism=mechanism
         )
 
     def act_as(self, actor: dict[str, Any] | None) -> None:
         """Record ``actor`` (e.g. the operating-system user and a service token's id) in the
         entries this session writes from now on; None restores the operating-system user."""
-        self._ledger.actor = actor
+        self.ledger_store.actor = actor
 
     # budget and ledger --------------------------------------------------------------------------
     def budget(self) -> BudgetReport:
         """Cap, spent and remaining for the dataset and this analyst."""
-        return budget_report(self._ledger, self.analyst)
+        return budget_report(self.ledger_store, self.analyst)
 
     def ledger(self) -> list[dict[str, Any]]:
         """This analyst's own ledger entries, oldest first (the whole ledger is the
         administrator's and the auditor's: ``database_ledger``)."""
-        return [e.to_dict() for e in self._ledger.entries() if e.analyst == self.analyst]
+        return [e.to_dict() for e in self.ledger_store.entries() if e.analyst == self.analyst]
 
 
 def _synopsis_bounds(synopsis: Synopsis) -> str:
@@ -993,30 +673,6 @@ def _shown_errors(plan: QueryPlan) -> dict[str, float | None]:
         for name in post.columns
         if name in post.copies or name in post.exact or name in post.derived
     }
-
-
-def _aggregation(plan: QueryPlan, salt: int) -> dict[str, Any]:
-    """The arguments of the plan's bounded aggregation besides its shape and dialect."""
-    return {
-        "measures": [m.measure for m in plan.measurements],
-        "bounds": plan.bounds,
-        "public_keys": plan.key_literals,
-        "salt": salt,
-        "weights": unit_weights_of(plan),
-    }
-
-
-def _after_charge(work: Callable[[], QueryResult]) -> QueryResult:
-    """``work()``, or the one data-independent ``ExecutionError`` whatever went wrong: whether,
-    where and why a charged query fails may depend on the rows it read. The error is raised
-    outside the handler, so no exception chain carries more."""
-    deadline.mark_charged()
-    answer = None
-    with contextlib.suppress(Exception):
-        answer = work()
-    if answer is None:
-        raise ExecutionError(FAILED_AFTER_CHARGE)
-    return answer
 
 
 def budget_report(ledger: Ledger, analyst: str | None = None) -> BudgetReport:

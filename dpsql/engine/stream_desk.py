@@ -20,6 +20,8 @@ from sqlglot import exp
 
 from dpsql.accountant.events import PostProcessingEvent
 from dpsql.accountant.units import check_budget_value
+from dpsql.engine.query import visible_catalog
+from dpsql.engine.release import read
 from dpsql.engine.results import QueryResult
 from dpsql.engine.streams import (
     DEFAULT_EXPECTED_QUERIES,
@@ -120,8 +122,8 @@ class StreamDesk:
         ``filter`` (the text of a WHERE condition, bound like a query's) or ``fixed`` (already
         canonical conjuncts, from a query's WHERE)."""
         session = self._session
-        session.policy = session._load_policy()
-        catalog = session._visible_catalog()
+        session.refresh_policy()
+        catalog = visible_catalog(session.backend, session.policy)
         found = next((t for t in catalog if t.lower() == table.lower()), None)
         policy = session.policy.table(table)
         if found is None or policy is None:
@@ -132,7 +134,7 @@ class StreamDesk:
             if policy.column(column).bounds is not None
         }
         chosen = stream_columns(
-            columns, catalog[found], declared, session._binder, policy.privacy_unit
+            columns, catalog[found], declared, session.binder, policy.privacy_unit
         )
         if filter is not None:
             fixed = self._fixed_filter(found, filter, chosen)
@@ -223,7 +225,7 @@ class StreamDesk:
         """Columns a query may open a width-1 stream over: bounds in the policy, a stream kind,
         not the privacy unit."""
         policy = self._session.policy.table(table)
-        types = self._session._visible_catalog().get(table, {})
+        types = visible_catalog(self._session.backend, self._session.policy).get(table, {})
         if policy is None:
             return set()
         return {
@@ -242,11 +244,7 @@ class StreamDesk:
         if not isinstance(text, str) or not text.strip():
             raise ParameterError("a stream's filter is the text of a WHERE condition")
         source = exp.to_identifier(table, quoted=True).sql(dialect="duckdb")
-        dialect, self._session.dialect = self._session.dialect, "duckdb"
-        try:
-            bound, _ = self._session._shape(f"SELECT COUNT(*) FROM {source} WHERE {text}")
-        finally:
-            self._session.dialect = dialect
+        bound, _ = self._session.bind(f"SELECT COUNT(*) FROM {source} WHERE {text}", "duckdb")
         shape = bound.shape
         probe = Stream("", "", table, columns, "", 0, 0, 0, {}, b"", "{}", 0)
         stream_part, fixed = split_where(shape.where, {c.name for c in columns})
@@ -290,7 +288,7 @@ class StreamDesk:
                 connection, stream, automatic=plan.name is None
             )
 
-        return session._ledger.charge(
+        return session.ledger_store.charge(
             analyst=session.analyst,
             event=event,
             query=plan.query,
@@ -368,7 +366,8 @@ class StreamDesk:
     ) -> np.ndarray:
         cells = int(np.prod([c.cells for c in columns]))
         sql = histogram_sql(table, unit, rows, columns, salt, fixed)
-        return dense_histogram(self._session._read(sql, "reading the stream's histogram"), cells)
+        frame = read(self._session.release_context(), sql, "reading the stream's histogram")
+        return dense_histogram(frame, cells)
 
     def _new_pmw(
         self,
@@ -408,7 +407,7 @@ class StreamDesk:
         wanted = self.requested(shape, mechanism)
         candidates = [
             s
-            for s in self._store.for_table(shape.table, self._session._synopsis_owner())
+            for s in self._store.for_table(shape.table, self._session.synopsis_owner())
             if answerable(shape, s) and wanted in (None, s.mechanism)
         ]
         for stream in candidates:
@@ -566,7 +565,7 @@ class StreamDesk:
         return describe_stream(stream)
 
     def listing(self) -> list[dict[str, Any]]:
-        return list_streams(self._store, self._session._synopsis_owner())
+        return list_streams(self._store, self._session.synopsis_owner())
 
 
 def _automatic_name(plan: StreamPlan, entry: LedgerEntry) -> str:

@@ -208,12 +208,6 @@ def _wants_csv(request: Request) -> bool:
     return output_format == "csv"
 
 
-def _asked(session: Session, body: models.QueryRequest) -> Session:
-    """The session reading ``body``'s dialect (the engine thread runs one call at a time)."""
-    session.dialect = body.dialect
-    return session
-
-
 _PROBLEM = {"description": "RFC 9457 problem details", "content": {PROBLEM_MEDIA_TYPE: {}}}
 _REFUSALS: dict[int | str, dict[str, Any]] = {
     status: _PROBLEM for status in (400, 401, 403, 409, 413, 429, 500, 503, 504)
@@ -281,7 +275,7 @@ async def query(request: Request) -> Response:
     as_csv = _wants_csv(request)
     result = await service.in_session(
         identity,
-        lambda s: _asked(s, body).execute(body.sql, **body.options()),
+        lambda s: s.execute(body.sql, dialect=body.dialect, **body.options()),
     )
     if as_csv:
         return _csv(*result.interval_table())
@@ -301,7 +295,7 @@ async def explain(request: Request) -> Response:
     body = await _query_request(request, service)
     report = await service.in_session(
         identity,
-        lambda s: _asked(s, body).explain(body.sql, **body.options()),
+        lambda s: s.explain(body.sql, dialect=body.dialect, **body.options()),
     )
     return StrictJSONResponse(report)
 

@@ -48,14 +48,14 @@ def db(tmp_path: Path) -> Path:
 def test_explain_shows_the_least_epsilon_and_it_is_charged(db: Path, rng) -> None:
     with seeded_connect(db, analyst="ann", rng=rng) as session:
         shown = session.explain(COUNT, accuracy=50)
-        plan = session._plan(COUNT, None, None, accuracy=50)[0]
+        plan = session.plan(COUNT, accuracy=50)
         assert shown["cost"]["epsilon"] == plan.epsilon
         assert shown["plan"]["accuracy"]["target"] == 50
         assert shown["expected_error"] == {"n": plan_error(plan, None)}
         assert plan_error(plan, None) <= 50
         one_unit_less = Cost(Cost.of(plan.epsilon).epsilon_units - 1).epsilon
-        cheaper = session._plan(COUNT, one_unit_less, None)
-        assert plan_error(cheaper[0], None) > 50  # one ledger unit less misses the target
+        cheaper = session.plan(COUNT, epsilon=one_unit_less)
+        assert plan_error(cheaper, None) > 50  # one ledger unit less misses the target
         result = session.execute(COUNT, accuracy=50)
         assert result.epsilon == plan.epsilon
         assert result.details["accuracy"]["expected_error"] == {"n": plan_error(plan, None)}
@@ -68,7 +68,7 @@ def test_options_set_accuracy_and_confidence(db: Path, rng) -> None:
     sql = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(accuracy=20, confidence=0.9) " + COUNT[7:]
     with seeded_connect(db, analyst="ann", rng=rng) as session:
         result = session.execute(sql)
-        at_95 = session._plan(COUNT, None, None, accuracy=20)[0]
+        at_95 = session.plan(COUNT, accuracy=20)
     assert result.confidence == 0.9
     assert result.details["accuracy"]["confidence"] == 0.9
     assert result.epsilon < at_95.epsilon  # a lower level needs less epsilon for ±20
@@ -118,7 +118,7 @@ def test_the_target_is_met_at_the_confidence_and_not_far_beyond(db: Path, rng) -
     """40,000 draws of the noise the chosen plan adds: |noise| <= target with probability at
     least 0.95 (tolerance 4 sigma = 0.0044), and not much more (the epsilon is the least)."""
     with seeded_connect(db, analyst="ann", rng=rng) as session:
-        plan = session._plan(COUNT, None, None, accuracy=50)[0]
+        plan = session.plan(COUNT, accuracy=50)
     (m,) = plan.measurements
     coverage = _coverage(m.epsilon, m.sensitivity_units, 50, rng)
     assert 0.95 - 0.0044 <= coverage <= 0.95 + 0.008
@@ -128,7 +128,7 @@ def test_a_twin_that_ignores_the_contribution_bound_misses_the_target(db: Path, 
     """The broken twin prices the target for one row per person (sensitivity 1) while the
     policy lets a person add 5 rows: its noise covers ±50 far less often than 95%."""
     with seeded_connect(db, analyst="ann", rng=rng) as session:
-        plan = session._plan(COUNT, None, None, accuracy=50)[0]
+        plan = session.plan(COUNT, accuracy=50)
     (m,) = plan.measurements
     twin_epsilon = m.epsilon / m.sensitivity_units  # what sensitivity 1 would need
     assert _coverage(twin_epsilon, m.sensitivity_units, 50, rng) < 0.6

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from dpsql.accountant import periods
 from dpsql.accountant.units import Cost
+from dpsql.engine import report as report_module
 from dpsql.engine.accuracy import plan_error
 from dpsql.engine.allocation import least_units, split_units
 from dpsql.engine.demo import DEMO_POLICY
@@ -100,9 +101,9 @@ def test_the_spec_refuses_unknown_keys_and_inconsistent_rules() -> None:
 
 def test_weights_split_the_total_exactly_in_ledger_units(demo_db: Path, rng) -> None:
     with seeded_connect(demo_db, analyst="bob", rng=rng) as session:
-        before = len(session._ledger.entries())
+        before = len(session.ledger_store.entries())
         plan = plan_report(session, spec())
-        assert len(session._ledger.entries()) == before  # priced, not charged
+        assert len(session.ledger_store.entries()) == before  # priced, not charged
     costs = {q.name: q.cost.epsilon_units for q in plan.queries}
     assert costs["latency"] == Cost.of(0.1).epsilon_units  # a fixed share
     assert plan.total.epsilon_units == Cost.of(1.0).epsilon_units  # exactly the total
@@ -134,7 +135,7 @@ def test_accuracy_gets_the_least_epsilon_meeting_each_target(demo_db: Path, rng)
                 continue
             assert plan_error(q.plan, None) <= q.spec.accuracy
             one_less = Cost(q.cost.epsilon_units - 1).epsilon
-            cheaper = session._plan(q.spec.sql, one_less, 0.0)[0]
+            cheaper = session.plan(q.spec.sql, epsilon=one_less, delta=0.0)
             assert plan_error(cheaper, None) > q.spec.accuracy
 
 
@@ -159,14 +160,14 @@ def test_a_refused_query_is_named_with_its_position(demo_db: Path, rng) -> None:
 def test_a_batch_that_does_not_fit_charges_nothing(demo_db: Path, rng, tmp_path: Path) -> None:
     big = spec(**{"epsilon = 1.0": "epsilon = 2.5"})
     with seeded_connect(demo_db, analyst="bob", rng=rng) as session:
-        before = session._ledger.entries()
+        before = session.ledger_store.entries()
         plan = plan_report(session, big)
         assert plan.shortfalls() == [
             "analyst 'bob' has epsilon=2, delta=0 remaining: short by epsilon=0.5"
         ]
         with pytest.raises(BudgetExceededError, match=r"by epsilon=0\.5; nothing was charged"):
             run_report(session, big, tmp_path / "out")
-        assert session._ledger.entries() == before
+        assert session.ledger_store.entries() == before
     assert not (tmp_path / "out").exists()
 
 
@@ -174,22 +175,22 @@ def test_a_failure_after_the_charge_is_recorded_once_with_one_message(
     demo_db: Path, rng, tmp_path: Path, monkeypatch
 ) -> None:
     with seeded_connect(demo_db, analyst="bob", rng=rng) as session:
-        before = len(session._ledger.entries())
+        before = len(session.ledger_store.entries())
         answered = []
 
-        def failing(plan, entry):
+        def failing(plan, entry, context):
             answered.append(plan)
             if len(answered) == 2:
                 raise RuntimeError("row-dependent detail that must not leak")
-            return original(plan, entry)
+            return original(plan, entry, context)
 
-        original = session._answer
-        monkeypatch.setattr(session, "_answer", failing)
+        original = report_module.release_answer
+        monkeypatch.setattr(report_module, "release_answer", failing)
         with pytest.raises(ExecutionError) as caught:
             run_report(session, spec(), tmp_path / "out")
         assert str(caught.value) == FAILED_AFTER_CHARGE
         assert caught.value.__context__ is None and caught.value.__cause__ is None
-        entries = session._ledger.entries()
+        entries = session.ledger_store.entries()
         assert len(entries) == before + 1
         assert entries[-1].cost == Cost.of(1.0) and entries[-1].mechanism == "report"
         assert session.budget().for_analyst("bob").epsilon_spent == 1.0
@@ -250,7 +251,7 @@ def test_a_report_states_the_budget_period_it_spent(demo_db: Path, rng, tmp_path
     monthly = DEMO_POLICY.replace("[dataset]\n", '[dataset]\nperiod = "month"\n')
     set_policy(demo_db, monthly)
     with seeded_connect(demo_db, analyst="bob", rng=rng) as session:
-        month = session._ledger.current_period()
+        month = session.ledger_store.current_period()
         assert month == periods.label("month", dt.datetime.now(dt.UTC))
         plan = plan_report(session, spec())
         assert plan.to_dict()["period"] == month

@@ -1,0 +1,217 @@
+"""The query path's stages before the charge, as public functions over explicit arguments.
+
+``bind`` (parse, check against the allow-list, bind literals and keys in the database), then
+``resolve_budget`` (epsilon and delta from the arguments, ``OPTIONS`` and the policy), then
+``planner`` (the plan at any epsilon, priced from the policy), then the charge
+(``dpsql.accountant.ledger``), then ``dpsql.engine.release`` reads and releases, and
+``after_charge`` turns any failure after the charge into the one data-independent message. Every
+stage reads the policy and metadata only, never a row, so a refusal charges nothing.
+``Session`` (``dpsql.engine.session``), reports and streams call these stages; none reaches into
+another's state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeVar
+
+from dpsql import deadline
+from dpsql.accountant.units import check_budget_value
+from dpsql.engine.accuracy import accuracy_details, accuracy_target, with_confidence
+from dpsql.engine.backends import Backend
+from dpsql.engine.literals import Binder, BoundShape
+from dpsql.engine.planner import QueryPlan, plan_query
+from dpsql.engine.policy import Policy
+from dpsql.errors import FAILED_AFTER_CHARGE, ExecutionError, ParameterError, UnsupportedQueryError
+from dpsql.sql.analyze import analyze
+from dpsql.sql.generate import ranges_per_group
+from dpsql.sql.parse import parse, refusing_deep_recursion
+from dpsql.sql.shape import QueryShape
+
+__all__ = [
+    "BoundQuery",
+    "Budget",
+    "after_charge",
+    "bind",
+    "check_ranges",
+    "planner",
+    "public_keys",
+    "resolve_budget",
+    "summary",
+    "visible_catalog",
+]
+
+T = TypeVar("T")
+
+
+class BoundQuery(NamedTuple):
+    """A query checked and bound to the database: its bound shape, and its SQL as normalised
+    for the ledger."""
+
+    bound: BoundShape
+    normalized: str
+
+
+class Budget(NamedTuple):
+    """What a query may spend: ``epsilon`` (None when ``target``, an accuracy, decides it) and
+    ``delta``."""
+
+    epsilon: float | None
+    delta: float
+    target: Any = None
+
+
+def visible_catalog(backend: Backend, policy: Policy) -> dict[str, dict[str, str]]:
+    """The tables an analyst may name: the policy's tables and public tables. Others do not
+    exist for them: their names and column types are not the analyst's to read."""
+    named = {name.lower() for name in (*policy.tables, *policy.public_tables)}
+    return {t: c for t, c in backend.catalog().items() if t.lower() in named}
+
+
+def bind(
+    sql: str, *, dialect: str, policy: Policy, backend: Backend, binder: Binder
+) -> BoundQuery:
+    """Parse ``sql`` (written in ``dialect``), check it against the allow-list over the tables
+    ``policy`` exposes, and bind its literals, keys and expressions in the database
+    (``dpsql.engine.literals``); within the request's time limit."""
+    parsed = parse(sql, dialect)
+    deadline.check()
+    with refusing_deep_recursion():
+        shape = analyze(parsed, visible_catalog(backend, policy))
+        deadline.check()
+        bound = binder.bind(shape, policy)
+        return BoundQuery(bound, parsed.expression.sql(dialect=backend.dialect))
+
+
+def check_ranges(shape: QueryShape, policy: Policy, backend: Backend) -> None:
+    """Refuse a range JOIN whose GROUP BY groups hold several distinct ranges: one row would
+    count in each of them while the noise is set for one (reads the public table only)."""
+    join = shape.range_join
+    if join is None:
+        return
+    if join.table.lower() not in {name.lower() for name in policy.public_tables}:
+        return  # the planner refuses it, naming the missing declaration
+    most = int(backend.run(ranges_per_group(shape, backend.dialect)).iloc[0, 0])
+    if most > 1:
+        raise UnsupportedQueryError(
+            f"GROUP BY {', '.join(shape.group_by)} puts up to {most} different ranges of "
+            f"{join.table!r} in one group; group by columns that identify one range (e.g. "
+            "its low and high columns)"
+        )
+
+
+def public_keys(shape: QueryShape, policy: Policy, binder: Binder) -> dict[str, list[Any]]:
+    """Public keys of the group columns as the database converted them."""
+    table = policy.table(shape.table)
+    if table is None or shape.range_join is not None:
+        return {}
+    return {
+        column: binder.keys(shape.table, column, keys)
+        for column in shape.group_by
+        if (keys := table.column(column).public_keys) is not None
+    }
+
+
+def resolve_budget(
+    shape: QueryShape,
+    policy: Policy,
+    *,
+    epsilon: float | None,
+    delta: float | None,
+    accuracy: float | None,
+) -> Budget:
+    """The epsilon and delta a query asks for: the arguments, else ``OPTIONS``, else the
+    policy's defaults; an accuracy target (argument or ``OPTIONS``) replaces epsilon.
+
+    Args:
+        shape: the bound query's shape (its ``OPTIONS``).
+        policy: the policy in force (its default epsilon and delta).
+        epsilon: the caller's epsilon, or None.
+        delta: the caller's delta, or None.
+        accuracy: the caller's accuracy target, or None.
+    """
+    options = shape.options
+    for name, given in (("epsilon", epsilon), ("delta", delta)):
+        if given is not None and name in options and options[name] != given:
+            raise ParameterError(
+                f"{name} is given both in OPTIONS ({options[name]}) and as "
+                f"an argument ({given}); give it once"
+            )
+    target = accuracy_target(accuracy, options, epsilon)
+    epsilon = (
+        epsilon
+        if epsilon is not None or target is not None
+        else options.get("epsilon", policy.dataset.default_query_epsilon)
+    )
+    if epsilon is None and target is None:
+        raise ParameterError(
+            "no epsilon given: pass epsilon=..., use "
+            "WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=...), or set "
+            "dataset.default_query_epsilon in the policy"
+        )
+    delta = delta if delta is not None else options.get("delta", policy.dataset.default_query_delta)
+    delta = check_budget_value("delta", delta, allow_zero=True)
+    if target is not None:
+        return Budget(None, delta, target)
+    return Budget(check_budget_value("epsilon", epsilon, allow_zero=False), delta)
+
+
+def planner(
+    bound: BoundShape,
+    policy: Policy,
+    binder: Binder,
+    *,
+    delta: float,
+    mechanism: str | None = None,
+    max_answers: int | None = None,
+) -> Callable[[float], QueryPlan]:
+    """Plans of a bound query at any epsilon, with the policy's (or ``OPTIONS``') confidence;
+    public keys are converted once. Reads no data.
+
+    Args:
+        bound: the bound query.
+        policy: the policy in force (a report may replace its confidence).
+        binder: converts the group columns' public keys in the database.
+        delta: the query's delta.
+        mechanism: how keys without public keys are released (None: the default).
+        max_answers: the sparse vector technique's cut-off for a range JOIN (None: default).
+    """
+    policy = with_confidence(policy, bound.shape.options)
+    keys = public_keys(bound.shape, policy, binder)
+
+    def plan_at(epsilon: float) -> QueryPlan:
+        return plan_query(
+            bound.shape,
+            policy,
+            epsilon=epsilon,
+            delta=delta,
+            mechanism=mechanism,
+            max_answers=max_answers,
+            keys=keys,
+            partition=bound.partition,
+        )
+
+    return plan_at
+
+
+def summary(plan: QueryPlan, shape: QueryShape, accuracy: float | None) -> dict[str, Any]:
+    """The plan as EXPLAIN and the ledger show it, with the accuracy target when one chose the
+    epsilon."""
+    target = accuracy_target(accuracy, shape.options, None)
+    if target is None:
+        return plan.summary()
+    return {**plan.summary(), "accuracy": accuracy_details(plan, target)}
+
+
+def after_charge(work: Callable[[], T]) -> T:
+    """``work()``, or the one data-independent ``ExecutionError`` whatever went wrong: whether,
+    where and why a charged query fails may depend on the rows it read. The error is raised
+    outside the handler, so no exception chain carries more."""
+    deadline.mark_charged()
+    answer = None
+    with contextlib.suppress(Exception):
+        answer = work()
+    if answer is None:
+        raise ExecutionError(FAILED_AFTER_CHARGE)
+    return answer
