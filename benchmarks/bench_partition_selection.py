@@ -1,4 +1,4 @@
-"""Keys released per mechanism for GROUP BY over keys without public keys (issue 15).
+"""Keys released per mechanism for GROUP BY over keys without public keys.
 
 The issue's table (``bench_histogram.zipf_visits``: 200k users with 1-10 rows each, about 1M rows,
 Zipf(1) URLs over 100k) and a heavier-tailed one (Zipf(0.8) over 1M URLs), bounded as the engine

@@ -1,4 +1,4 @@
-"""Benchmark of ``dpsql publish-rr`` and its post-processing queries (dpsql.engine.published).
+"""Benchmark of ``dpsql publish-rr`` and its post-processing queries (dpsql.engine.publishing).
 
 On a generated user×item table (n = 87,585 items as integer bounds, d per person log-uniform in
 [10, 300], public cap D = 300) it prints, for person-level ε ∈ {1, 10, 20}:
@@ -25,7 +25,7 @@ import duckdb
 import numpy as np
 import pandas as pd
 
-from dpsql.engine import published
+from dpsql.engine import publishing as published
 from dpsql.engine.session import set_policy
 from dpsql.errors import ExecutionError
 from dpsql.mechanisms import ppr

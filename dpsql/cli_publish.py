@@ -1,6 +1,6 @@
 """Command-line commands for published releases: ``dpsql publish-rr`` and ``dpsql rr ...``.
 
-Thin over :mod:`dpsql.engine.published`. ``register(cli)`` adds them to the ``dpsql`` group; the
+Thin over :mod:`dpsql.engine.publishing`. ``register(cli)`` adds them to the ``dpsql`` group; the
 group's ``main`` turns dpsql errors into one line on stderr (exit status 1).
 """
 
@@ -13,7 +13,7 @@ import click
 
 from dpsql.cli_output import console, db_option, print_csv, print_table
 from dpsql.cli_progress import progress_display, progress_option
-from dpsql.engine.published import (
+from dpsql.engine.publishing import (
     PublishedRelease,
     list_releases,
     publish_rr,

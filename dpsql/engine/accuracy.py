@@ -22,8 +22,6 @@ from dpsql.engine.allocation import least_units
 from dpsql.engine.planner import QueryPlan
 from dpsql.engine.policy import Policy
 from dpsql.errors import DpsqlError, ParameterError
-from dpsql.mechanisms.laplace import interval_half_width
-from dpsql.sql.generate import MeasureKind
 from dpsql.sql.shape import AggregateKind, GroupKey
 
 __all__ = [
@@ -51,20 +49,7 @@ def output_errors(plan: QueryPlan, confidence: float | None = None) -> dict[str,
 def _error(
     plan: QueryPlan, kind: AggregateKind, column: str | None, level: float
 ) -> float | None:
-    if plan.range_queries is not None:
-        scale = plan.range_queries.svt.value_scale
-        return None if scale is None else float(interval_half_width(scale, level))
-    if plan.key_release is not None:
-        return float(interval_half_width(plan.key_release.scale, level))
-    if plan.auto_bounds is not None or kind in (AggregateKind.AVG, AggregateKind.QUANTILE):
-        return None  # a ratio of noisy values, or a chosen value: the error depends on the data
-    for m in plan.measurements:
-        is_sum = m.measure.kind is MeasureKind.SUM
-        if m.measure.column == column and is_sum == (kind is AggregateKind.SUM) and (
-            is_sum or m.measure.clamp is None
-        ):
-            return float(interval_half_width(m.scale, level)) * m.grid
-    raise AssertionError(f"no measurement for {kind.value}({column})")  # pragma: no cover
+    return plan.error(kind, column, level)
 
 
 def plan_error(plan: QueryPlan, column: str | None, confidence: float | None = None) -> float:

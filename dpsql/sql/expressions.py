@@ -288,8 +288,9 @@ def nearest_rewrite(node: exp.Expression) -> str | None:
 
 
 def explained(shape: QueryShape) -> dict[str, object]:
-    """What EXPLAIN adds for the shapes of this issue: each virtual column (an expression inside
-    an aggregate, or a grouping expression) as the database runs it, and the post-processing."""
+    """What EXPLAIN adds for expressions and post-processing: each virtual column (an expression
+    inside an aggregate, or a grouping expression) as the database runs it, and the
+    post-processing."""
     extra: dict[str, object] = {}
     if shape.virtual:
         extra["virtual_columns"] = {n: e.sql(dialect="duckdb") for n, e in shape.virtual.items()}

@@ -1,4 +1,4 @@
-"""A person-level panel like the issue's (persons x 8 years) with a policy whose contribution
+"""A person-level panel (persons x 8 years) with a policy whose contribution
 bounds cut nothing, so DuckDB's plain answer is the quantity dpsql's intervals cover."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Answers an analyst can trust when contribution bounds bind (issue 17).
+"""Answers an analyst can trust when contribution bounds bind.
 
 Each person keeps their own random groups (the bounded count of every group is an unbiased share),
 the noise of a key release is the one EXPLAIN and the ledger record, and the intervals cover the

@@ -1,4 +1,4 @@
-"""Regression tests: one per free or under-charged read a hostile analyst found (issue 11)."""
+"""Regression tests: one per free or under-charged read a hostile analyst found."""
 
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def days(tmp_path: Path) -> Path:
 
 
 def test_timestamp_offsets_are_refused_not_new_partitions(days: Path) -> None:
-    """Item 1: '...+00:01', '...+00:02' were distinct values to the ledger, one to DuckDB."""
+    """'...+00:01', '...+00:02' were distinct values to the ledger, one to DuckDB."""
     with dpsql.connect(days, analyst="a") as db:
         for minute in range(1, 4):
             with pytest.raises(UnsupportedQueryError, match="without an offset"):
@@ -78,7 +78,7 @@ def test_timestamp_offsets_are_refused_not_new_partitions(days: Path) -> None:
 
 
 def test_reversed_between_is_charged_to_what_duckdb_reads(days: Path) -> None:
-    """Item 2: a reversed BETWEEN charged nothing while DuckDB read rows; now DuckDB decides."""
+    """A reversed BETWEEN charged nothing while DuckDB read rows; now DuckDB decides."""
     with dpsql.connect(days, analyst="a") as db:
         with pytest.raises(UnsupportedQueryError, match="admits none of the declared values"):
             db.execute(
@@ -97,7 +97,7 @@ def test_reversed_between_is_charged_to_what_duckdb_reads(days: Path) -> None:
 
 
 def test_numeric_literals_are_exact_values_of_the_column_type(tmp_path: Path) -> None:
-    """Item 5: 2**53 + 1 and 2**53 + 0.0 were two 'disjoint' partitions; near 2**62 a DOUBLE
+    """2**53 + 1 and 2**53 + 0.0 were two 'disjoint' partitions; near 2**62 a DOUBLE
     matched ~1000 integer literals."""
     policy = _CAP.replace('"day"', '"n"').replace("[tables.t.columns.salary]\n", "") \
         .replace("bounds = [0, 1000000]\n", "")
@@ -116,7 +116,7 @@ def test_numeric_literals_are_exact_values_of_the_column_type(tmp_path: Path) ->
 
 
 def test_automatic_bounds_read_only_the_charged_partitions(tmp_path: Path) -> None:
-    """Item 6: a DK person changed the bound chosen for WHERE country = 'NO'."""
+    """A DK person changed the bound chosen for WHERE country = 'NO'."""
     catalog = {"t": {"uid": "BIGINT", "country": "VARCHAR", "v": "DOUBLE"}}
     profiles = []
     for outlier in (False, True):
@@ -138,7 +138,7 @@ def test_automatic_bounds_read_only_the_charged_partitions(tmp_path: Path) -> No
 
 
 def test_non_binary_collations_are_refused(tmp_path: Path) -> None:
-    """Item 7: 'DK', 'Dk', 'dK', 'dk' were four partitions to the ledger, one to DuckDB."""
+    """'DK', 'Dk', 'dK', 'dk' were four partitions to the ledger, one to DuckDB."""
     policy = _CAP.replace('"day"', '"country"')
     policy += '[tables.t.columns.country]\npublic_keys = ["DK", "dk"]\n'
     path = _database(
@@ -158,7 +158,7 @@ def test_non_binary_collations_are_refused(tmp_path: Path) -> None:
 
 
 def test_public_keys_in_two_spellings_are_refused_when_the_policy_is_set(tmp_path: Path) -> None:
-    """Item 8: '2024-01-01' and '2024-1-1' answered one group twice for the price of one."""
+    """'2024-01-01' and '2024-1-1' answered one group twice for the price of one."""
     policy = _CAP.replace('partition_column = "day"\n', "")
     connection = duckdb.connect(str(tmp_path / "k.duckdb"))
     connection.execute("CREATE TABLE t (uid BIGINT, day DATE, salary DOUBLE)")
@@ -192,7 +192,7 @@ def test_group_by_answers_each_public_key_once_in_the_databases_spelling(days: P
 
 
 def test_a_charge_costs_the_values_it_touches_not_the_history() -> None:
-    """Item 12: every charge re-probed every stored region. Now a charge's price reads only the
+    """Every charge re-probed every stored region. Now a charge's price reads only the
     running totals of the values it touches (counted here by a totals map that logs lookups)."""
 
     class Logged(dict):
@@ -236,7 +236,7 @@ def test_partition_columns_need_declared_values(tmp_path: Path) -> None:
 
 
 def test_the_analyst_cannot_choose_the_generator(days: Path) -> None:
-    """Item 4: connect(..., rng=default_rng(1234)) let the analyst replay every draw."""
+    """Connect(..., rng=default_rng(1234)) let the analyst replay every draw."""
     import numpy as np
 
     for opener in (dpsql.connect, dpsql.Session):
@@ -262,7 +262,7 @@ def _after_charge_fails(db: dpsql.Session, sql: str, **options: object) -> Execu
 
 
 def test_failures_after_the_charge_are_one_message_whatever_the_cause(days: Path) -> None:
-    """Item 10: the printed exception class (and its message) differed with the data."""
+    """The printed exception class (and its message) differed with the data."""
     causes = [
         duckdb.OutOfMemoryException("could not allocate for uid 42 = 4242"),
         duckdb.ConversionException("value 4242 out of range"),
@@ -282,7 +282,7 @@ def test_failures_after_the_charge_are_one_message_whatever_the_cause(days: Path
 
 
 def test_large_bounds_and_values_never_overflow_after_the_charge(tmp_path: Path) -> None:
-    """Item 10: AVG with bounds [0, 1e20] failed only when a value >= 1e19 existed; a SUM at a
+    """AVG with bounds [0, 1e20] failed only when a value >= 1e19 existed; a SUM at a
     large epsilon overflowed a BIGINT for large values."""
     policy = _CAP.replace('partition_column = "day"\n', "").replace(
         "bounds = [0, 1000000]", "bounds = [0, 1e20]"
@@ -306,7 +306,7 @@ def test_large_bounds_and_values_never_overflow_after_the_charge(tmp_path: Path)
 def test_keys_that_cannot_be_released_exactly_are_refused_before_the_charge(
     tmp_path: Path, column_type: str, domain: str | None
 ) -> None:
-    """Item 10: HUGEINT keys, or DOUBLE keys with key_domain = "hash64", gave "keys must be
+    """HUGEINT keys, or DOUBLE keys with key_domain = "hash64", gave "keys must be
     distinct" after the charge, for some data only."""
     policy = _CAP.replace('partition_column = "day"\n', "")
     if domain is not None:
@@ -322,7 +322,7 @@ def test_keys_that_cannot_be_released_exactly_are_refused_before_the_charge(
 
 
 def test_csv_sources_have_declared_types_not_sniffed_ones(tmp_path: Path) -> None:
-    """Item 11: one person's 'n/a' turned age into a string, which explain revealed for free."""
+    """One person's 'n/a' turned age into a string, which explain revealed for free."""
     policy = """
 [dataset]
 epsilon = 100000.0
@@ -358,7 +358,7 @@ bounds = [0, 100]
 
 
 def test_synopses_answer_only_the_analyst_who_paid_unless_shared(demo_db: Path) -> None:
-    """Item 13: a synopsis paid by one analyst answered every other analyst for free."""
+    """A synopsis paid by one analyst answered every other analyst for free."""
     from dpsql.engine.demo import DEMO_POLICY
 
     build = "SELECT url, COUNT(*) FROM requests GROUP BY url"
@@ -376,7 +376,7 @@ def test_synopses_answer_only_the_analyst_who_paid_unless_shared(demo_db: Path) 
 
 
 def test_an_analyst_sees_their_own_ledger_entries_only(demo_db: Path, capsys) -> None:
-    """Item 13: `dpsql ledger` showed every analyst the full text of every other's queries."""
+    """`dpsql ledger` showed every analyst the full text of every other's queries."""
     from dpsql.cli import main
 
     with dpsql.connect(demo_db, analyst="alice") as alice:
@@ -390,7 +390,7 @@ def test_an_analyst_sees_their_own_ledger_entries_only(demo_db: Path, capsys) ->
 
 
 def test_tables_outside_the_policy_do_not_exist_for_the_analyst(days: Path) -> None:
-    """Item 13: explain revealed the names and types of tables outside the policy."""
+    """Explain revealed the names and types of tables outside the policy."""
     connection = duckdb.connect(str(days))
     connection.execute("CREATE TABLE payroll (uid BIGINT, secret VARCHAR)")
     connection.close()
@@ -405,7 +405,7 @@ def test_tables_outside_the_policy_do_not_exist_for_the_analyst(days: Path) -> N
 
 
 def test_huge_epsilon_under_advanced_composition_is_accounted(days: Path) -> None:
-    """Item 13: epsilon >= ~710 with advanced composition raised OverflowError (a traceback)."""
+    """Epsilon >= ~710 with advanced composition raised OverflowError (a traceback)."""
     policy = (_CAP + '[tables.t.columns.day]\npublic_keys = ["2024-01-01 00:00:00"]\n').replace(
         "delta = 1e-6\n", 'delta = 1e-6\ncomposition = "advanced"\nadvanced_delta = 1e-9\n'
     ).replace("epsilon = 1.0", "epsilon = 5000.0")
@@ -463,7 +463,7 @@ _HOSTILE = [
 def test_hostile_inputs_are_refused_before_the_charge_within_their_time(
     days: Path, what: str, sql: str, words: str
 ) -> None:
-    """Issue 24 item 4's corpus: each input is refused, naming the problem, before anything is
+    """A corpus of hostile inputs: each input is refused, naming the problem, before anything is
     charged, by ``execute`` and by the free ``explain`` alike. The thread is a generous guard
     against a hang (quadratic binding took hours for the 200,000 values), not a speed target."""
     import threading

@@ -340,7 +340,7 @@ EXTREME_QUERIES = [
     "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(mechanism='alp') kt, COUNT(*) FROM v GROUP BY kt",
     "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(delta=0) ki, COUNT(*) FROM v GROUP BY ki",
     "SELECT COUNT(*) FROM v WHERE kt = 'k3'",
-    # Issue 16's shapes: expressions in aggregates, bins, persons, filters, post-processing.
+    # Expressions in aggregates, bins, persons, filters, post-processing.
     "SELECT SUM(CASE WHEN d > 0 THEN h ELSE 0 END), COUNT(*) FILTER (WHERE f > 1) FROM v",
     "SELECT AVG(h * 2 - m / 4), STDDEV(h), SUM(m) / COUNT(*) FROM v",
     "SELECT FLOOR(h / 1e19) AS b, d > 0 AS pos, COUNT(DISTINCT u) FROM v GROUP BY ALL",
@@ -383,7 +383,7 @@ def _outcome(path: Path, sql: str, epsilon: float) -> str:
 def test_after_the_charge_success_never_depends_on_one_persons_rows(
     extreme: Path, tmp_path: Path
 ) -> None:
-    """Issue 11, items 9-11: neighbouring datasets (with and without one person whose values sit
+    """Neighbouring datasets (with and without one person whose values sit
     at every type's edge: NaN, infinities, the largest HUGEINT, DECIMAL(38), UBIGINT and BIGINT
     keys, empty and 100k-character strings) give the same outcome; none fails after its charge."""
 

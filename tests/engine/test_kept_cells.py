@@ -1,4 +1,4 @@
-"""mad2r in one read of the data (issue 15): round 1's ranked cells kept in a private temporary
+"""mad2r in one read of the data: round 1's ranked cells kept in a private temporary
 table for the query, round 2 read from them. The release is the one the two-read path gives
 (same seed), and the table is gone after the query however it ends."""
 

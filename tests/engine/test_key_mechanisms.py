@@ -1,4 +1,4 @@
-"""The default key-release mechanism, its names, and weighted selection end to end (issue 15)."""
+"""The default key-release mechanism, its names, and weighted selection end to end."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""What a key release records: hash seeds, the combined split, the noise scale used (issue 15)."""
+"""What a key release records: hash seeds, the combined split, the noise scale used ."""
 
 from __future__ import annotations
 

@@ -6,6 +6,7 @@ import pytest
 
 from dpsql.accountant.events import total
 from dpsql.engine.planner import plan_query
+from dpsql.engine.plans.keys import Keys
 from dpsql.engine.policy import parse_policy
 from dpsql.errors import ParameterError, PolicyError, UnsupportedQueryError
 from dpsql.sql.analyze import analyze
@@ -95,10 +96,10 @@ def test_keys_without_a_public_set_are_released_by_threshold_or_combined() -> No
         return plan_query(shape, POLICY, epsilon=1.0, delta=delta, mechanism=mechanism)
 
     approximate = release("SELECT k, COUNT(*) FROM t GROUP BY k", 1e-6, "threshold")
-    assert approximate.mechanism == "threshold" and approximate.key_release is not None
+    assert approximate.mechanism == "threshold" and isinstance(approximate.family, Keys)
     default = release("SELECT k, COUNT(*) FROM t GROUP BY k", 1e-6)
-    assert default.key_release is not None and default.key_release.default is not None
-    assert default.mechanism == default.key_release.default.mechanism
+    assert isinstance(default.family, Keys) and default.family.spec.default is not None
+    assert default.mechanism == default.family.spec.default.mechanism
     assert total(approximate.event).delta == pytest.approx(1e-6)
     assert release("SELECT k, COUNT(*) FROM t GROUP BY k", 1e-6, "alp").mechanism == "combined"
     options = (

@@ -13,10 +13,10 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from dpsql.engine import published
+from dpsql.engine import publishing as published
 from dpsql.engine.backends import DUCKDB_CONFIG, DuckDBBackend
 from dpsql.engine.policy import parse_policy
-from dpsql.engine.published import (
+from dpsql.engine.publishing import (
     DELTA_TARGET,
     MAX_CHUNK_LOG_RATIO,
     list_releases,
@@ -28,6 +28,8 @@ from dpsql.engine.published import (
     release_decode,
     release_popularity,
 )
+from dpsql.engine.publishing import plan as release_planning
+from dpsql.engine.publishing import publish as publishing_stage
 from dpsql.engine.session import database_budget, database_ledger
 from dpsql.errors import BudgetExceededError, ExecutionError, ParameterError, PolicyError
 from dpsql.mechanisms import ppr
@@ -119,13 +121,13 @@ def _stored_tables(database: Path) -> set[str]:
 def test_charge_is_recorded_before_the_table_is_read(events_db, monkeypatch) -> None:
     database, _ = events_db
     seen: list[dict] = []
-    original = published._read_rows
+    original = publishing_stage._read_rows
 
     def spy(backend, plan):
         seen.append(database_ledger(database)[-1])
         return original(backend, plan)
 
-    monkeypatch.setattr(published, "_read_rows", spy)
+    monkeypatch.setattr(publishing_stage, "_read_rows", spy)
     before = len(database_ledger(database))
     release = _publish(database, "first", 6.0)
     (charge,) = seen
@@ -167,7 +169,7 @@ def test_budget_refusal_reads_and_writes_nothing(events_db, monkeypatch) -> None
     def fail(*args, **kwargs):
         raise AssertionError("data read after a refused charge")
 
-    monkeypatch.setattr(published, "_read_rows", fail)
+    monkeypatch.setattr(publishing_stage, "_read_rows", fail)
     before = database_ledger(database)
     with pytest.raises(BudgetExceededError, match="remaining"):
         _publish(database, "toomuch", 2.0, analyst="bob")
@@ -251,7 +253,7 @@ def test_chunks_come_from_public_values_only() -> None:
 
 
 def test_overflow_delta_bounds_and_matches_the_encoder_limit() -> None:
-    assert published.INDEX_LIMIT_LOG2 * math.log(2.0) == pytest.approx(ppr._LOG_RANK_LIMIT)
+    assert release_planning.INDEX_LIMIT_LOG2 * math.log(2.0) == pytest.approx(ppr._LOG_RANK_LIMIT)
     base = {"epsilon_per_item": 1.0, "alpha": 2.0, "chunks": 10, "n": 1000, "max_items": 5}
     delta = overflow_delta(**base)
     assert 0 < delta < 1e-9
@@ -265,14 +267,14 @@ def test_cap_keeps_a_uniform_subset_of_each_persons_items() -> None:
     rng = np.random.default_rng(3)
     person = np.repeat(np.arange(4), [1, 3, 5, 8])
     item = np.concatenate([[7], [0, 1, 2], np.arange(5), np.arange(10, 18)])
-    kept_person, kept_item = published._cap_items(person, item, 3, rng)
+    kept_person, kept_item = publishing_stage._cap_items(person, item, 3, rng)
     assert np.bincount(kept_person).tolist() == [1, 3, 3, 3]
     for p in range(4):
         assert set(kept_item[kept_person == p]) <= set(item[person == p])
     # One of 5 items kept, 5000 times: uniform (chi-square, p > 1e-4).
     counts = np.zeros(5)
     for _ in range(5000):
-        _, chosen = published._cap_items(np.zeros(5, np.int64), np.arange(5), 1, rng)
+        _, chosen = publishing_stage._cap_items(np.zeros(5, np.int64), np.arange(5), 1, rng)
         counts[chosen[0]] += 1
     assert stats.chisquare(counts).pvalue > 1e-4
 
@@ -400,7 +402,7 @@ def test_a_failure_after_the_charge_keeps_the_charge(events_db, monkeypatch) -> 
     def broken(*args, **kwargs):
         raise ExecutionError("disk full")
 
-    monkeypatch.setattr(published, "_write_release", broken)
+    monkeypatch.setattr(publishing_stage, "_write_release", broken)
     before = len(database_ledger(database))
     with pytest.raises(ExecutionError):
         _publish(database, "lost", 6.0)

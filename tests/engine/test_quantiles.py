@@ -12,8 +12,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpsql.engine.answers import QUANTILE_WEIGHT
 from dpsql.engine.planner import key_literal
+from dpsql.engine.plans.quantiles import QUANTILE_WEIGHT
 from dpsql.errors import ParameterError, PolicyError, UnsupportedQueryError
 from dpsql.sql.generate import Bounds, Histogram, bounded_aggregate
 from dpsql.sql.shape import ColumnKind

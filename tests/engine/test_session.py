@@ -168,7 +168,7 @@ def test_ledger_survives_reopen(demo_db: Path) -> None:
 
 
 def test_the_policy_sets_the_memory_limit_not_the_analyst(demo_db: Path) -> None:
-    """Item 9 of issue 11: a limit the analyst chooses turns one person's rows into a failure."""
+    """A limit the analyst chooses would turn one person's rows into a failure: there is none."""
     from dpsql.engine.demo import DEMO_POLICY
 
     with pytest.raises(TypeError, match="memory_limit"):

@@ -69,7 +69,7 @@ def test_threshold_releases_heavy_keys_only(database: Path, rng) -> None:
         )
     assert result.mechanism == "threshold" and (result.epsilon, result.delta) == (1.0, 1e-6)
     # key_domain = "hash64": keys are shown as hashes under a public seed, even with delta > 0
-    # (issue 11, item 13); an analyst can check the keys they know, and read no others.
+    # (a public seed); an analyst can check the keys they know, and read no others.
     url_of = _by_hash([f"/heavy/{i}" for i in range(10)], result.details["key_hash_seed"])
     assert {key for key, _ in result.rows} == set(url_of)
     for (key, value), (low, high) in zip(result.rows, result.intervals["n"], strict=True):
@@ -143,7 +143,7 @@ def test_explain_names_the_mechanism_without_charging(database: Path) -> None:
     with dpsql.connect(database, analyst="a") as db:
         report = db.explain("SELECT url, COUNT(*) FROM hits GROUP BY url", epsilon=1, delta=1e-6)
         # L0 = 2, R = 5: weighted selection needs a few fewer persons per key, not 10% fewer:
-        # the Laplace threshold stays the default (issue 15).
+        # the Laplace threshold stays the default.
         assert report["plan"]["mechanism"] == "threshold"
         assert report["plan"]["key_release"]["default_choice"].startswith("default: threshold")
         assert report["cost"] == {"epsilon": 1.0, "delta": 1e-6}

@@ -195,7 +195,7 @@ def _nested(tmp_path: Path, ranges: pd.DataFrame, with_person: bool) -> Path:
 
 
 def test_group_columns_must_identify_one_range(tmp_path: Path) -> None:
-    """Issue 11 item 3: with 100 nested ranges and GROUP BY r.lo, one row counted 100 times
+    """With 100 nested ranges and GROUP BY r.lo, one row counted 100 times
     against noise set for one range. Such a grouping is refused before any charge."""
     nested = pd.DataFrame({"lo": [0.0] * 100, "hi": [float(10 + i) for i in range(100)]})
     path = _nested(tmp_path, nested, with_person=True)
@@ -210,7 +210,7 @@ def test_group_columns_must_identify_one_range(tmp_path: Path) -> None:
 
 
 def test_duplicate_public_rows_count_once(tmp_path: Path) -> None:
-    """Item 3: 50 copies of one range made one person's row count 50 times: a range released in
+    """50 copies of one range made one person's row count 50 times: a range released in
     5/5 runs with the person and 0/5 without. Now the count moves by at most
     max_rows_per_unit (3) between the neighbours, so releases are alike (12 seeded runs each)."""
     ranges = pd.DataFrame({"lo": [0.0] * 50 + [400.0], "hi": [10.0] * 50 + [600.0]})

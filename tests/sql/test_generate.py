@@ -595,7 +595,7 @@ def test_generated_sql_transpiles_to_other_dialects(dialect: str) -> None:
                 assert "`x`" in sql
 
 
-# --- which groups a unit keeps: a choice per person, not per key (issue 17 item 1) -------------
+# --- which groups a unit keeps: a choice per person, not per key -------------------------------
 
 
 @pytest.mark.parametrize(

@@ -360,7 +360,7 @@ def test_errors_belong_to_the_query_error_tree() -> None:
 
 @pytest.mark.parametrize("text", ["'\ud800'", "'\udfff'", "1 -- \udc80"])
 def test_lone_surrogates_are_refused_with_their_position(text: str) -> None:
-    """Issue 11, item 13: a lone surrogate raised UnicodeEncodeError (a traceback)."""
+    """A lone surrogate raised UnicodeEncodeError (a traceback): now a precise refusal."""
     with pytest.raises(SqlSyntaxError, match="not valid Unicode text") as caught:
         parse(f"SELECT COUNT(*) FROM t WHERE name = {text}")
     assert caught.value.line == 1 and caught.value.column is not None
@@ -379,6 +379,6 @@ def test_lone_surrogates_are_refused_with_their_position(text: str) -> None:
     ids=["parentheses", "nots", "mixed", "or_chain", "case", "functions"],
 )
 def test_deep_nesting_is_refused_not_a_recursion_error(where: str) -> None:
-    """Issue 11, item 13: deep nesting raised RecursionError (a traceback)."""
+    """Deep nesting raised RecursionError (a traceback): now a precise refusal."""
     with pytest.raises(UnsupportedQueryError, match="nested too deeply"):
         parse(f"SELECT COUNT(*) FROM t WHERE {where}")
