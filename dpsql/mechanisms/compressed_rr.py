@@ -1,29 +1,32 @@
 """Locally private publication of sparse 0/1 vectors: randomized response compressed with PPR.
 
 Hillebrand, Suppakitpaisarn, Shibuya, "Communication-Efficient Publication of Sparse Vectors under
-Differential Privacy" (the seed paper); algorithm notes ``shared/specs/compressed-rr.md`` S3-S5.
+Differential Privacy" (the seed paper), Algorithms 1-3 and Theorem 1, with PPR (Liu, Chen, Özgür,
+Li, "Universal Exact Compression of Differentially Private Mechanisms", NeurIPS 2024).
 A person's row is the set of items they have (the indices of the ones of a length-``n`` 0/1
 vector; the public reference vector is all zeros). The message is what randomized response
 ``RR_{ε_RR}`` of the whole row would be, compressed to ``O(ε_RR · d)`` bits for ``d`` items:
 
 * **Chunks** (Alg. 1). A public random permutation ``φ`` of the ``n`` items, drawn from the public
-  seed, is cut into ``chunks`` consecutive, near-equal chunks. ``chunks`` is a public parameter
-  and never depends on the person (the paper's ``m = βεd`` from a person's own ``d`` leaks ``d``;
-  notes S4): pick it from a public bound or population statistic (:func:`suggest_chunks`).
+  seed, is cut into ``chunks`` consecutive, near-equal chunks. ``chunks`` is a public parameter and
+  never depends on the person (the paper's ``m = βεd`` from a person's own ``d`` leaks ``d``, and
+  Thm 1's parallel composition assumes a fixed partition): pick it from a public bound or population
+  statistic (:func:`suggest_chunks`).
 * **PPR per chunk** (Alg. 1 and 3, :mod:`.ppr`). Target ``P_q`` = RR of the chunk, proposal ``Q_q``
   = RR of the all-zero reference; ``dP_q/dQ_q(z) = Π_{items i in q} e^{±ε_RR}`` (``+`` where ``z_i =
   1``) depends only on the person's items in the chunk. Every chunk, empty or not, sends its PPR
-  index ``K_q`` (a fixed index for empty chunks would break privacy; notes S3.5).
-* **Shared randomness** (Alg. 2, notes S3.4). Candidate ``k`` of chunk ``q`` at in-chunk offset
-  ``r`` is one Philox4x64-10 word: key = SHA-256(public seed, user id), counter
-  ``(r // 4, k, q, 0)``, word ``r % 4``; a coordinate is 1 iff its 53-bit uniform falls below
-  the flip probability. Streams are independent per (user, chunk): Alg. 2 read literally (one
-  stream for all chunks of a user) repeats noise across chunks. Decoding one entry is one
-  permutation lookup and one Philox call, whatever ``K_q`` is.
+  index ``K_q``: a fixed index for an empty chunk keeps the output law exact but breaks privacy,
+  since for a neighbouring row the law of ``K_q`` would jump from a point mass to PPR's.
+* **Shared randomness** (Alg. 2, with a counter-based generator, Salmon et al. 2011). Candidate
+  ``k`` of chunk ``q`` at in-chunk offset ``r`` is one Philox4x64-10 word: key = SHA-256(public
+  seed, user id), counter ``(r // 4, k, q, 0)``, word ``r % 4``; a coordinate is 1 iff its 53-bit
+  uniform falls below the flip probability. Streams are independent per (user, chunk): Alg. 2 read
+  literally (one stream for all chunks of a user) repeats noise across chunks. Decoding one entry is
+  one permutation lookup and one Philox call, whatever ``K_q`` is.
 * **Message**: the ``K_q`` in Elias gamma (or delta) code, padded to whole bytes.
 
 **Privacy** (seed paper Thm 1 = PPR Thm 4.7 per chunk + parallel composition over the fixed
-partition; notes S4). The message is ``2·α·ε_RR``-metric-DP under Hamming distance: adding or
+partition). The message is ``2·α·ε_RR``-metric-DP under Hamming distance: adding or
 removing one item changes the probability of any message by at most ``e^{2αε_RR}``. The class
 takes that final ``epsilon`` and runs RR at ``ε_RR = epsilon / (2α)`` (rounded down to the 2**-53
 grid of the shared uniforms). The guarantee holds against anyone who knows the public seed and the
@@ -36,7 +39,7 @@ before any randomness is drawn.
 **Output law** (seed paper Alg. 2, PPR Prop. 4.2). :meth:`CompressedRR.decode` returns exactly
 RR at ``ε_RR`` of the row: independent coordinates, a one kept with probability ``e^ε/(1+e^ε)``,
 a zero flipped with probability ``1/(1+e^ε)``; independent across users with distinct ids. So the
-usual RR estimators apply (:func:`item_popularity`, :func:`common_items`; notes S5).
+usual RR estimators apply (:func:`item_popularity`, :func:`common_items`).
 """
 
 from __future__ import annotations
@@ -514,7 +517,7 @@ class CompressedRR:
         return common_items(decoded_a, decoded_b, epsilon_rr=self.epsilon_rr)
 
 
-# --- estimators (notes S5): the decoded rows are exactly RR, so RR debiasing applies ------------
+# --- estimators: the decoded rows are exactly RR (PPR Prop. 4.2), so RR debiasing applies --------
 
 
 @dataclass(frozen=True)

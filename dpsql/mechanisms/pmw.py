@@ -1,8 +1,9 @@
 """Online private multiplicative weights: many linear queries answered from one budget.
 
-Source: ``papers/svt-lecture-notes.txt``, section "Online Private Multiplicative Weights" and
-Theorem 5 (after Hardt and Rothblum, FOCS 2010, and Dwork–Roth 2014 §4.2); the update rule is the
-multiplicative-weights step of MWEM (Hardt, Ligett, McSherry, NeurIPS 2012).
+Source: G. Kamath, "Lecture 9 — Sparse Vector" (lecture notes), section "Online Private
+Multiplicative Weights" and Theorem 5 (after Hardt and Rothblum, FOCS 2010, and Dwork–Roth 2014
+§4.2); the update rule is the multiplicative-weights step of MWEM (Hardt, Ligett, McSherry, NeurIPS
+2012).
 
 Algorithm
 ---------
@@ -45,7 +46,7 @@ Privacy
 ``(ε, δ)``-DP for queries chosen adaptively, when ``sensitivity = Δ`` bounds ``‖h − h'‖₁`` over
 neighbouring databases: ``n̂`` is the discrete Laplace mechanism (ε_n-DP); every compared value
 ``|⟨f, h⟩ − s|`` has sensitivity ``Δ`` because ``s`` is a function of earlier *outputs* only; the
-comparisons and the ≤ c released values are exactly NumericSparse (notes Thm 3, Dwork–Roth Alg. 3;
+comparisons and the ≤ c released values are exactly NumericSparse (Kamath Thm 3, Dwork–Roth Alg. 3;
 the value of a ⊤ query is the count ``⟨f, h⟩``, which also has sensitivity Δ, with the same
 fresh-noise scale), so the stream costs ``ε_n + plan.epsilon`` and ``plan.delta`` (basic
 composition), plus ``ε_w`` for a warm start. Everything else (``s``, ``p̂``, the answers from
@@ -54,8 +55,8 @@ composition), plus ``ε_w`` for a warm start. Everything else (``s``, ``p̂``, t
 function of the data (the broken twin in the tests). The noisy threshold of the current epoch is
 secret state; :meth:`state` must be stored as the data is.
 
-Accuracy (notes Theorem 2/4 and Theorem 5's argument)
------------------------------------------------------
+Accuracy (Kamath Theorems 2/4 and Theorem 5's argument)
+-------------------------------------------------------
 With probability at least ``1 − β`` over ``k`` queries (:meth:`OnlinePMW.alpha`): every answer
 from ``p̂`` is within ``T + α_svt(k)`` of the true count, every ⊤ answer within ``α_value`` (the
 SVT plan's bounds, ``β`` split between them). Under the same event an update only happens when

@@ -3,26 +3,30 @@
 PPR (Liu, Chen, Özgür, Li, "Universal Exact Compression of Differentially Private Mechanisms",
 NeurIPS 2024) is how Hillebrand, Suppakitpaisarn and Shibuya ("Communication-Efficient
 Publication of Sparse Vectors under Differential Privacy", Sec. 2.4, Thms 5 and 6) compress each
-chunk of a randomized-response vector. Algorithm notes: ``shared/specs/compressed-rr.md`` S2.
+chunk of a randomized-response vector. The terminating procedures are this module's own; the
+argument for each is given below.
 
-**Conceptual definition** (notes S2.1). Candidates ``Z_1, Z_2, …`` are i.i.d. from a public
-proposal ``Q`` (shared randomness); ``r = dP/dQ``. The encoder privately draws a unit-rate Poisson
-process ``T_1 < T_2 < …`` and i.i.d. ``V_k ~ Exp(1)`` and sends ``K = argmin_k V_k (T_k/r(Z_k))^α``
-(:func:`conceptual_index`); the decoder outputs ``Z_K``. Then ``Z_K ~ P`` exactly (PPR Prop. 4.2),
+**Conceptual definition** (PPR, as restated in the seed paper's Sec. 2.4). Candidates
+``Z_1, Z_2, …`` are i.i.d. from a public proposal ``Q`` (shared randomness); ``r = dP/dQ``. The
+encoder privately draws a unit-rate Poisson process ``T_1 < T_2 < …`` and i.i.d. ``V_k ~ Exp(1)``
+and sends ``K = argmin_k V_k (T_k/r(Z_k))^α`` (:func:`conceptual_index`); the decoder outputs
+``Z_K``. Then ``Z_K ~ P`` exactly (PPR Prop. 4.2),
 ``E[log2 K] <= D(P‖Q) + log2(3.56)/min((α-1)/2, 1)`` (PPR Thm 4.3), and if ``r_x / r_x'`` lies in
-``[e^-ε, e^ε]`` for neighbouring inputs the index is ``2αε``-DP, even given all candidates
-(PPR Thms 4.5/4.7; notes S2.3).
+``[e^-ε, e^ε]`` for neighbouring inputs the index is ``2αε``-DP, even given all candidates (PPR Thms
+4.5/4.7; the seed paper's Thm 5).
 
 **Terminating procedures** (:func:`encode`). The private pairs ``(T, V)`` are generated in
 increasing order of ``B = T^α min(V, 1)``, which bounds the ``W = V(T/r)^α`` of every point not yet
 generated from below by ``B/r*^α`` (``r* >= sup r``), and fixes the T-rank of every point with
-``T <= B^(1/α)`` (notes S2.5). ``method="enumerate"`` keeps generating until every contender is
-ranked: it returns the conceptual argmin of the realised process, but for ``α <= 2`` its running
-time has infinite mean (notes S2.5, "heavy tail"). ``method="complete"`` (the default, notes S2.6)
-stops as soon as no ungenerated point can win and draws the T-ranks of the remaining contenders
-from the exact Poisson law of the ungenerated points, so ``K`` has the same conditional law given
-the candidates (exactness and privacy unchanged) while the work no longer follows the tail of
-``K``. Both run many independent PPR instances at once, in NumPy blocks whose size doubles.
+``T <= B^(1/α)`` (because ``min(V, 1) <= 1``, so ``B <= T^α``). ``method="enumerate"`` keeps
+generating until every contender is ranked: it returns the conceptual argmin of the realised
+process, but for ``α <= 2`` its running time has infinite mean (for ``P = Q``,
+``Pr[K >= k] ≈ C k^(1-α)``: any procedure that enumerates up to the winner has this tail, whatever
+the seed paper's Thm 4 says for ``α = 2``). ``method="complete"`` (the default) stops as soon as no
+ungenerated point can win and draws the T-ranks of the remaining contenders from the exact Poisson
+law of the ungenerated points, so ``K`` has the same conditional law given the candidates (exactness
+and privacy unchanged) while the work no longer follows the tail of ``K``. Both run many independent
+PPR instances at once, in NumPy blocks whose size doubles.
 
 Decoding is evaluating the shared candidate sampler at ``K``; :mod:`.compressed_rr` does that.
 """
@@ -61,7 +65,7 @@ class PPRIndices:
 
 @dataclass(frozen=True)
 class _Shape:
-    """Constants of the B-ordered point process for one ``α`` (notes S2.5, S2.6)."""
+    """Constants of the B-ordered point process for one ``α`` (see the module docstring)."""
 
     alpha: float
     a: float  # 1 - 1/α
@@ -106,7 +110,7 @@ def _check_alpha(alpha: float) -> float:
 def conceptual_index(
     log_ratios: npt.ArrayLike, times: npt.ArrayLike, exponentials: npt.ArrayLike, *, alpha: float
 ) -> int:
-    """PPR's selection rule on given points (notes S2.1): ``1 + argmin_k V_k (T_k / r_k)^α``.
+    """PPR's selection rule (seed paper Sec. 2.4) on given points: ``1 + argmin V_k (T_k/r_k)^α``.
 
     ``times`` must be the increasing points of a unit-rate Poisson process and ``exponentials``
     i.i.d. Exp(1); on an infinite sequence this is the PPR index, on a prefix it is the reference
@@ -122,7 +126,8 @@ def _sample_log_v(
 ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """``log min(V, 1)`` and ``log max(V, 1)`` for ``V`` with density ∝ e^-v min(v, 1)^(-1/α).
 
-    That is the law of ``V`` given ``B`` (notes S2.5): with probability ``e^-1/c_α`` it is
+    That is the law of ``V`` given ``B`` (the pairs ``(T, V)`` are a Poisson process of intensity
+    ``dt e^-v dv``, and ``B = T^α min(V, 1)``): with probability ``e^-1/c_α`` it is
     ``1 + Exp(1)``, else Gamma(a, 1) truncated to (0, 1], drawn by rejection from the density
     ∝ v^(a-1) (accepting with probability e^-v >= e^-1).
     """
@@ -147,7 +152,7 @@ def _sample_log_v(
 def _mean_count(
     log_t: npt.NDArray[np.float64], log_f: npt.NDArray[np.float64], shape: _Shape
 ) -> npt.NDArray[np.float64]:
-    """Mean number of ungenerated points with ``F < T <= t`` (notes S2.6):
+    """Mean number of ungenerated points with ``F < T <= t`` (the mapping theorem):
     ``μ(t) = ∫_F^t exp(-(F/s)^α) ds = t e^-x - F (Γ(a, x) + H(1))`` with ``x = (F/t)^α``."""
     x = np.exp(shape.alpha * (log_f - log_t))
     upper = shape.gamma_a - _lower_gamma(shape.a, x)
@@ -347,7 +352,7 @@ def _complete(
     ranked: npt.NDArray[np.int64],
     rng: np.random.Generator,
 ) -> None:
-    """Ranks the unranked contenders of finishing instances with Poisson counts (notes S2.6).
+    """Ranks the unranked contenders of finishing instances with Poisson counts.
 
     The rank of a point at ``t > F`` is ``#ranked + #(generated, unranked, T <= t) + N(t)`` with
     ``N`` the count of ungenerated points in ``(F, t]``: an inhomogeneous Poisson process of mean

@@ -1,9 +1,10 @@
 """The sparse vector technique: AboveThreshold, Sparse and NumericSparse, batch and interactive.
 
-Sources: ``papers/svt-lecture-notes.txt`` (Kamath, after Dwork–Roth 2014 §3.6: Algorithm 1
-AboveThreshold, Algorithm 2 Sparse, Theorems 1–4, NumericSparse) and
-``papers/svt-programming-dp-chapter.txt``; the non-private variants to avoid are from Lyu, Su and
-Li, "Understanding the Sparse Vector Technique for Differential Privacy" (VLDB 2017).
+Sources: G. Kamath, "Lecture 9 — Sparse Vector" (lecture notes after Dwork and Roth, *The
+Algorithmic Foundations of Differential Privacy*, 2014, §3.6: Algorithm 1 AboveThreshold, Algorithm
+2 Sparse, Theorems 1–4, NumericSparse; "Kamath" below) and the chapter "The Sparse Vector Technique"
+of Near and Abuah, *Programming Differential Privacy*; the non-private variants to avoid are from
+Lyu, Su and Li, "Understanding the Sparse Vector Technique for Differential Privacy" (VLDB 2017).
 
 Algorithm (Sparse, cut-off ``c``; AboveThreshold is ``c = 1``)
 ----------------------------------------------------------------
@@ -20,7 +21,7 @@ Privacy (what is proven, and how the paper was read)
 ----------------------------------------------------
 * Each epoch is ``ε0``-DP (Theorem 1). Pure Sparse uses ``ε0 = ε/c`` (σ = 2cΔ/ε) and is ε-DP by
   basic composition (Theorem 3, δ = 0).
-* With ``delta > 0`` the notes set ``σ = Δ·sqrt(32 c ln(1/δ))/ε``, i.e.
+* With ``delta > 0`` Kamath's Algorithm 2 sets ``σ = Δ·sqrt(32 c ln(1/δ))/ε``, i.e.
   ``ε0 = ε/sqrt(8 c ln(1/δ))``, and invoke advanced composition (Dwork–Roth Thm 3.20), whose
   total is ``sqrt(2c ln(1/δ))·ε0 + c·ε0·(e^ε0 − 1) = ε/2 + c·ε0·(e^ε0 − 1)``. Theorem 3 claims
   (ε, δ) "for any ε", but the second term is ``<= ε/2`` only for moderate ε. :func:`plan`
@@ -30,15 +31,14 @@ Privacy (what is proven, and how the paper was read)
 * NumericSparse (Dwork–Roth Alg. 3) splits the budget: ``(1 − value_share)·ε`` (and δ/2) for the
   comparisons, ``value_share·ε`` (and δ/2) for at most ``c`` released values, each with fresh noise
   ``Lap(cΔ/(value_share·ε))`` (basic composition; advanced composition only where proven smaller,
-  as above). The default share 1/9 is the notes' 8/9 : 1/9 split.
+  as above). The default share 1/9 is Dwork–Roth's 8/9 : 1/9 split.
 * ``monotone=True`` uses ``ν_i = Lap(σ)`` instead of ``Lap(2σ)`` (the monotonic-query case in
-  Lyu–Su–Li; ``specs/sparse-vector-technique.md``). It is proven only when, for every pair of
-  neighbours, all query answers move in the same direction (all ``f_i(D) <= f_i(D')`` or all
-  ``>=``): then the two shifts in Theorem 1's change of variables have the same sign and
-  ``|v̂ − v| <= Δ``. That holds for counts (and range counts) under add/remove-one-unit
-  neighbours, and for the clipped-sum differences ``q_b = Σ clip(x, b) − Σ clip(x, b + 1)`` of
-  automatic clipping. It does not hold under replace-one neighbours or for differences of counts.
-  The caller asserts it; nothing checks it.
+  Lyu–Su–Li). It is proven only when, for every pair of neighbours, all query answers move in the
+  same direction (all ``f_i(D) <= f_i(D')`` or all ``>=``): then the two shifts in Theorem 1's
+  change of variables have the same sign and ``|v̂ − v| <= Δ``. That holds for counts (and range
+  counts) under add/remove-one-unit neighbours, and for the clipped-sum differences
+  ``q_b = Σ clip(x, b) − Σ clip(x, b + 1)`` of automatic clipping. It does not hold under
+  replace-one neighbours or for differences of counts. The caller asserts it; nothing checks it.
 
 Noise: exact discrete Laplace wherever the sensitivity is an integer
 --------------------------------------------------------------------
@@ -174,7 +174,7 @@ def _threshold(threshold: object) -> float:
 
 
 def _advanced_step(total_epsilon: float, steps: int, delta: float) -> float | None:
-    """The notes' per-step ε for ``steps``-fold advanced composition, if the bound proves it.
+    """Kamath's per-step ε (Alg. 2) for ``steps``-fold advanced composition, if the bound proves it.
 
     Returns ``total/sqrt(8·steps·ln(1/δ))`` when Dwork–Roth Thm 3.20 (``sqrt(2k ln(1/δ))·ε0 +
     k·ε0·(e^ε0 − 1)``) evaluates to at most ``total_epsilon`` (with a safety margin), else None.
@@ -425,7 +425,7 @@ def _draw_noise(
     """Draw everything a run can use at once, from the plan's scales (one sampler call each).
 
     A run over ``k`` queries has at most ``min(c, k)`` epochs (each ⊤ ends one and consumes a
-    query; notes Alg. 2), so only that many epoch thresholds (and NumericSparse values) are
+    query; Kamath Alg. 2), so only that many epoch thresholds (and NumericSparse values) are
     drawn: the noise a run reads has the same joint distribution as with all ``c`` drawn, and
     memory is O(k), not O(c)."""
     discrete = svt_plan.discrete
@@ -520,7 +520,7 @@ def sparse_release(
     beta: float = 0.05,
     rng: np.random.Generator | None = None,
 ) -> SparseResult:
-    """Sparse (notes Alg. 2, Thm 3): indices of the first ≤ c answers above ``threshold``.
+    """Sparse (Kamath Alg. 2, Thm 3): indices of the first ≤ c answers above ``threshold``.
 
     ``answers[i]`` is ``f_i(D)`` for sensitivity-``sensitivity`` queries chosen without looking at
     earlier outputs (use :class:`SparseVector` for adaptive streams). Cost ``(plan.epsilon,
@@ -547,7 +547,7 @@ def numeric_sparse_release(
     beta: float = 0.05,
     rng: np.random.Generator | None = None,
 ) -> SparseResult:
-    """NumericSparse (notes §Sparse Vector; Dwork–Roth Alg. 3): Sparse plus a fresh noisy value.
+    """NumericSparse (Kamath, "Sparse Vector"; Dwork–Roth Alg. 3): Sparse plus a fresh noisy value.
 
     Integer-typed ``answers`` and an integer ``sensitivity`` are required; each ⊤ answer is
     released as ``answer + discrete Laplace(c·Δ/(value_share·ε))`` (an exact integer).
@@ -580,7 +580,7 @@ def above_threshold_release(
     beta: float = 0.05,
     rng: np.random.Generator | None = None,
 ) -> SparseResult:
-    """AboveThreshold (notes Alg. 1, Thm 1 and 2): Sparse with ``c = 1``; ε-DP."""
+    """AboveThreshold (Kamath Alg. 1, Thm 1 and 2): Sparse with ``c = 1``; ε-DP."""
     return sparse_release(
         answers,
         threshold=threshold,
@@ -705,7 +705,7 @@ class _NoiseStream:
 
 class SparseVector:
     """Interactive Sparse / NumericSparse: queries arrive one at a time, each may depend on earlier
-    answers (the adaptive setting of notes Alg. 1 and 2); refuses every query once halted.
+    answers (the adaptive setting of Kamath Alg. 1 and 2); refuses every query once halted.
 
     ``ask(answer)`` takes ``f_i(D)`` and returns ⊤/⊥ as a bool, or ``(bool, value)`` when
     ``numeric`` (value None for ⊥; an int, the answer plus fresh discrete Laplace noise, for ⊤).

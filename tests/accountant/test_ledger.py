@@ -577,7 +577,7 @@ def test_every_event_type_can_be_charged_and_verified(path: Path) -> None:
     reopened.close()
 
 
-# --- refusal messages state a comparison that is true (issue 17) -------------------------------
+# --- refusal messages state a comparison that is true -------------------------------------------
 
 
 def test_a_refusal_names_the_comparison_that_fails(tmp_path: Path) -> None:

@@ -181,7 +181,7 @@ def test_combined_release_is_epsilon_private_on_neighbours(monkeypatch, twin, pr
     assert (total <= 1.0) == private
 
 
-# --- answers with their error bound (issue 17 item 4) ------------------------------------------
+# --- answers with their error bound -------------------------------------------------------------
 
 
 def test_answers_cover_the_truth_and_the_sketch_meets_its_error_bound() -> None:

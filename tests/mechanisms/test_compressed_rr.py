@@ -34,7 +34,7 @@ def _rng(seed: int) -> np.random.Generator:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class SharedStreamTwin(CompressedRR):
-    """Alg. 2 read literally: one candidate stream for all chunks of a user (notes S3.4)."""
+    """Alg. 2 read literally: one candidate stream for all chunks of a user (noise repeats)."""
 
     def _candidate_bits(self, key0, key1, chunk, rank, offset):  # type: ignore[override]
         return super()._candidate_bits(key0, key1, np.zeros_like(chunk), rank, offset)
@@ -42,7 +42,8 @@ class SharedStreamTwin(CompressedRR):
 
 def _leaky_messages(items: list[int], count: int, *, epsilon: float, seed: int) -> list[bytes]:
     """The paper's parameter choice m = ⌈β ε_RR d⌉ from the person's own d (β = 2), with m sent
-    in front of the indices so that a decoder can read the message (notes S4, caveat)."""
+    in front of the indices so that a decoder can read the message (it reveals d; Thm 1 assumes
+    a fixed partition)."""
     epsilon_rr = epsilon / 4.0
     chunks = max(1, math.ceil(2.0 * epsilon_rr * len(items)))
     codec = CompressedRR(n=4, epsilon=epsilon, chunks=chunks, public_seed=3)

@@ -113,8 +113,8 @@ def test_index_law_matches_the_conceptual_definition(monkeypatch: pytest.MonkeyP
 
 
 def _worst_case_pair(epsilon: float, claimed: float, draws: int, seed: int):
-    """One binary coordinate, x = 1 against the reference x' = 0 (notes S2.3): the only
-    candidate showing a 1 is number 8, so Pr[K = 8] is where the ratio approaches e^(2αε).
+    """One binary coordinate, x = 1 against the reference x' = 0 (PPR Thm 4.7's worst case): the
+    only candidate showing a 1 is number 8, so Pr[K = 8] is where the ratio approaches e^(2αε).
     ``claimed`` is the ε the ratio is computed with (a broken twin passes a wrong one)."""
     special_rank = 8
 
@@ -142,7 +142,7 @@ def test_privacy_of_the_index_on_neighbouring_targets() -> None:
     assert max_log_ratio_lower_bound(twin_first.tolist(), twin_second.tolist()) > bound
 
 
-# --- work: the completion keeps the tail short; enumeration does not (notes S2.5, S2.6) --------
+# --- work: the completion keeps the tail short; enumeration does not (see ppr's docstring) -------
 
 
 def test_completion_bounds_the_work_that_enumeration_does_not() -> None:

@@ -1,4 +1,4 @@
-"""The combined structure's split of ε and α come from the sensitivity (issue 15, item 1)."""
+"""The combined structure's split of ε and α come from the sensitivity, not from fixed halves."""
 
 from __future__ import annotations
 

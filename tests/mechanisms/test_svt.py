@@ -1,10 +1,11 @@
 """Tests for the sparse vector technique (``dpsql.mechanisms.svt``): fixed seeds, stated tolerances.
 
 Privacy is tested on neighbouring answer vectors (each answer moves by at most the sensitivity):
-the issue's example and the database patterns of StatDP (Ding et al., "Detecting Violations of
-Differential Privacy", CCS 2018), which were designed around the SVT variants of Lyu, Su and Li
-(VLDB 2017). For every output event ``E`` the test bounds ``P[E | D] / P[E | D']`` from below with
-one-sided Clopper–Pearson bounds and flags the mechanism when that lower bound exceeds ``e^ε``.
+a pattern of five answers moving up by one and five moving down (``"up_down"``) and the database
+patterns of StatDP (Ding et al., "Detecting Violations of Differential Privacy", CCS 2018), which
+were designed around the SVT variants of Lyu, Su and Li (VLDB 2017). For every output event ``E``
+the test bounds ``P[E | D] / P[E | D']`` from below with one-sided Clopper–Pearson bounds and flags
+the mechanism when that lower bound exceeds ``e^ε``.
 
 Confidence: each bound has level ``EVENT_LEVEL``; a check uses at most ``MAX_EVENTS`` (event,
 direction) pairs from a family fixed in advance (output patterns, value cut-points in
@@ -51,7 +52,7 @@ VALUE_WINDOW = 60
 MIN_COUNT = 5
 
 PATTERNS: dict[str, tuple[list[float], list[float]]] = {
-    "issue": ([1] * 5 + [0] * 5, [2] * 5 + [-1] * 5),
+    "up_down": ([1] * 5 + [0] * 5, [2] * 5 + [-1] * 5),
     "one_above": ([1] * 10, [2] + [1] * 9),
     "one_below": ([1] * 10, [0] + [1] * 9),
     "one_above_rest_below": ([1] * 10, [2] + [0] * 9),
@@ -290,7 +291,7 @@ def test_monotone_noise_private_only_for_monotone_queries() -> None:
     """Lap(σ) query noise passes on monotone neighbours and is flagged on non-monotone ones."""
     run = real(setup_for(1, False, True, 9))
     assert flagged(worst_pattern(run, MONOTONE_PATTERNS), EPSILON) == []
-    assert flagged(worst_pattern(run, ("x_shape", "issue")), EPSILON)
+    assert flagged(worst_pattern(run, ("x_shape", "up_down")), EPSILON)
 
 
 def test_continuous_mode_privacy_loss_within_epsilon() -> None:
@@ -304,7 +305,7 @@ def test_continuous_mode_privacy_loss_within_epsilon() -> None:
     def halved(answers: list[float]) -> Output:
         return run([0.5 * a for a in answers])
 
-    estimates = worst_pattern(halved, ("issue", "x_shape", "half_half", "all_below"))
+    estimates = worst_pattern(halved, ("up_down", "x_shape", "half_half", "all_below"))
     assert flagged(estimates, EPSILON) == [], estimates
 
 
@@ -379,7 +380,7 @@ def _exact_for(svt_plan: svt.SparseVectorPlan, answers: list[float]) -> np.ndarr
 def test_batch_output_distribution_is_exact() -> None:
     """The vectorized runs match the exact distribution (chi-square p > 1e-4, TV < 0.005)."""
     setup = above_threshold_setup()
-    for answers in PATTERNS["issue"]:
+    for answers in PATTERNS["up_down"]:
         indices = real(setup)(answers).indices[:, 0]
         counts = np.bincount(np.where(indices < 0, QUERIES, indices), minlength=QUERIES + 1)
         exact = _exact_for(setup.plan, answers)
@@ -389,7 +390,7 @@ def test_batch_output_distribution_is_exact() -> None:
 
 def test_interactive_output_distribution_is_exact() -> None:
     """``SparseVector.ask`` one query at a time has the same distribution (2000 runs, p > 1e-4)."""
-    answers = PATTERNS["issue"][1]
+    answers = PATTERNS["up_down"][1]
     rng = _rng(31)
     counts = np.zeros(QUERIES + 1, dtype=np.int64)
     for _ in range(2000):
@@ -479,7 +480,7 @@ def test_numeric_sparse_accuracy() -> None:
 
 
 def test_alpha_is_theorem_2_and_4() -> None:
-    """Continuous noise: exactly the notes' formulas; discrete: plus the tail factor term."""
+    """Continuous noise: exactly Kamath's Theorems 2 and 4; discrete: plus the tail factor term."""
     k, beta, c, epsilon, delta = 1000, 0.1, 5, 0.7, 1e-6
     theorem_2 = 8 * (math.log(k) + math.log(2 / beta)) / epsilon
     continuous = plan(epsilon=epsilon, c=1, sensitivity=0.5)
@@ -504,7 +505,7 @@ def test_alpha_is_theorem_2_and_4() -> None:
 # --- plan: scales and proven cost -----------------------------------------------------------------
 
 
-def test_plan_scales_follow_the_notes() -> None:
+def test_plan_scales_follow_kamath_algorithm_2() -> None:
     assert plan(epsilon=0.5, c=3).threshold_scale == Fraction(12)  # 2c/ε
     assert plan(epsilon=0.5, c=3).query_scale == Fraction(24)  # 4c/ε
     assert plan(epsilon=0.5, c=3, sensitivity=2).query_scale == Fraction(48)
@@ -522,7 +523,7 @@ def test_plan_uses_advanced_composition_only_where_proven_and_smaller() -> None:
     large_c = plan(epsilon=1.0, c=1000, delta=1e-6)
     assert (large_c.composition, large_c.delta) == ("advanced", 1e-6)
     sigma = float(large_c.threshold_scale)
-    assert sigma >= math.sqrt(32 * 1000 * math.log(1e6))  # the notes' σ, rounded up
+    assert sigma >= math.sqrt(32 * 1000 * math.log(1e6))  # Kamath's σ (Alg. 2), rounded up
     step = 2 / sigma  # each epoch is AboveThreshold with ε0 = 2Δ/σ
     composed = math.sqrt(2 * 1000 * math.log(1e6)) * step + 1000 * step * math.expm1(step)
     assert composed <= 1.0

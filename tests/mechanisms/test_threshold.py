@@ -527,7 +527,7 @@ def test_serialization_round_trip(kind: str) -> None:
         threshold.ThresholdRelease.from_bytes(out.to_bytes()[:-1] if kind != "str" else b"junk")
 
 
-# --- max_rows_per_unit: the same sensitivity rule as every other GROUP BY (issue 17) ----------
+# --- max_rows_per_unit: the same sensitivity rule as every other GROUP BY -----------------------
 
 
 def test_max_rows_per_unit_caps_the_sensitivity_and_the_new_keys() -> None:
