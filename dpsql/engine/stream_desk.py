@@ -23,6 +23,7 @@ from dpsql.accountant.units import check_budget_value
 from dpsql.engine.query import visible_catalog
 from dpsql.engine.release import read
 from dpsql.engine.results import QueryResult
+from dpsql.engine.stream_sql import alignment_sql, cells_selected_sql, histogram_sql
 from dpsql.engine.streams import (
     DEFAULT_EXPECTED_QUERIES,
     KINDS,
@@ -32,13 +33,10 @@ from dpsql.engine.streams import (
     StreamColumn,
     StreamExhaustedError,
     StreamStore,
-    alignment_sql,
     answerable,
-    cells_selected_sql,
     conjuncts,
     dense_histogram,
     fixed_filter,
-    histogram_sql,
     open_event,
     split_where,
     stream_columns,

@@ -18,13 +18,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dpsql.engine.literals import Binder
-from dpsql.engine.streams import (
-    StreamColumn,
-    _cell_index,
-    alignment_sql,
-    cells_selected_sql,
-    stream_columns,
-)
+from dpsql.engine.stream_sql import _cell_index, alignment_sql, cells_selected_sql
+from dpsql.engine.streams import StreamColumn, stream_columns
 from dpsql.errors import ParameterError, UnsupportedQueryError
 
 ROWS = 400
