@@ -10,11 +10,11 @@ answer look the same.
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 
+from dpsql.accountant.stores import LedgerFileStore
 from dpsql.engine.results import QueryResult
-from dpsql.errors import LedgerError, ParameterError
+from dpsql.errors import ParameterError
 
 __all__ = ["ResultStore"]
 
@@ -29,23 +29,15 @@ _OWNED = "(? IS NULL OR seq IN (SELECT seq FROM entries WHERE analyst = ?))"
 """The analyst who paid for a result is the analyst of its ledger entry (same file)."""
 
 
-class ResultStore:
+class ResultStore(LedgerFileStore):
     """The ``results`` table of a ledger file."""
 
     def __init__(self, path: str | Path):
-        try:
-            self._connection = sqlite3.connect(Path(path), timeout=60, isolation_level=None)
-            # The ledger commits each charge with fsync (synchronous=FULL) before any data is
-            # read; a stored answer is a convenience copy written after the release, so it
-            # commits without a second fsync per query: atomic and safe if the process dies, and
-            # only an operating-system crash right after a query can lose that query's copy.
-            self._connection.execute("PRAGMA synchronous=NORMAL")
-            self._connection.execute(_SCHEMA)
-        except sqlite3.DatabaseError as error:
-            raise LedgerError(f"result store {str(path)!r} is unreadable ({error})") from None
-
-    def close(self) -> None:
-        self._connection.close()
+        # The ledger commits each charge with fsync (synchronous=FULL) before any data is read;
+        # a stored answer is a convenience copy written after the release, so it commits
+        # without a second fsync per query: atomic and safe if the process dies, and only an
+        # operating-system crash right after a query can lose that query's copy.
+        super().__init__(path, schema=_SCHEMA, what="result store", synchronous="NORMAL")
 
     def save(self, result: QueryResult) -> None:
         """Keep ``result`` under its ledger entry (NaN survives: Python's JSON writes it)."""

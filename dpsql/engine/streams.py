@@ -45,6 +45,7 @@ import pandas as pd
 from sqlglot import exp
 
 from dpsql.accountant.events import MechanismEvent
+from dpsql.accountant.stores import LedgerFileStore
 from dpsql.errors import LedgerError, ParameterError, PrivacyError
 from dpsql.mechanisms.hierarchical import choose_branching
 from dpsql.mechanisms.svt import plan as svt_plan
@@ -272,13 +273,12 @@ _USABLE = "length(data) > 0 AND (? IS NULL OR analyst = ?)"
 """Built streams (not reserved names) of every analyst (None) or of one."""
 
 
-class StreamStore:
+class StreamStore(LedgerFileStore):
     """The ``streams`` table of a ledger file."""
 
     def __init__(self, path: str | Path):
+        super().__init__(path, schema=_SCHEMA.format(table="streams"), what="stream store")
         try:
-            self._connection = sqlite3.connect(Path(path), timeout=60, isolation_level=None)
-            self._connection.execute(_SCHEMA.format(table="streams"))
             if "analyst" not in self._columns():
                 self._key_by_analyst()
         except sqlite3.DatabaseError as error:

@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from sqlglot import exp
 
-from dpsql.errors import LedgerError
+from dpsql.accountant.stores import LedgerFileStore
 from dpsql.sql.partition import literal_value
 from dpsql.sql.shape import AggregateKind, QueryShape
 
@@ -75,18 +74,11 @@ class Synopsis:
         }
 
 
-class SynopsisStore:
+class SynopsisStore(LedgerFileStore):
     """The ``synopses`` table of a ledger file."""
 
     def __init__(self, path: str | Path):
-        try:
-            self._connection = sqlite3.connect(Path(path), timeout=60, isolation_level=None)
-            self._connection.execute(_SCHEMA)
-        except sqlite3.DatabaseError as error:
-            raise LedgerError(f"synopsis store {str(path)!r} is unreadable ({error})") from None
-
-    def close(self) -> None:
-        self._connection.close()
+        super().__init__(path, schema=_SCHEMA, what="synopsis store")
 
     def save(self, synopsis: Synopsis) -> None:
         self._connection.execute(

@@ -11,15 +11,15 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import secrets
-import sqlite3
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
 from dpsql.accountant.ledger import Ledger
+from dpsql.accountant.stores import LedgerFileStore
 from dpsql.engine.session import ledger_path, show_policy
-from dpsql.errors import LedgerError, ParameterError, PolicyError
+from dpsql.errors import ParameterError, PolicyError
 
 __all__ = ["ROLES", "Identity", "Role", "TokenRecord", "TokenStore"]
 
@@ -69,7 +69,7 @@ def _now() -> str:
     return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
 
 
-class TokenStore:
+class TokenStore(LedgerFileStore):
     """The tokens of one database, in its ledger file. Safe to share between threads."""
 
     def __init__(self, database: str | Path):
@@ -77,17 +77,8 @@ class TokenStore:
         path = ledger_path(database)
         if not path.exists():
             raise PolicyError(f"no privacy policy is set for {str(database)!r}")
-        try:
-            self._connection = sqlite3.connect(
-                path, timeout=60, isolation_level=None, check_same_thread=False
-            )
-            self._connection.execute(_SCHEMA)
-        except sqlite3.DatabaseError as error:
-            raise LedgerError(f"token table of {str(path)!r} is unreadable ({error})") from None
+        super().__init__(path, schema=_SCHEMA, what="token table of", threads=True)
         self._lock = threading.Lock()
-
-    def close(self) -> None:
-        self._connection.close()
 
     def __enter__(self) -> TokenStore:
         return self
