@@ -1,6 +1,6 @@
 """The privacy invariant suites at many more examples: partitions and literals
-(tests/engine/test_invariants.py, per column type and property) and neighbouring databases for
-expressions, computed keys and rows without a unit (tests/engine/test_neighbours.py, per
+(tests/privacy/test_invariants.py, per column type and property) and neighbouring databases for
+expressions, computed keys and rows without a unit (tests/privacy/test_neighbours.py, per
 property).
 
 The test suite runs 25 hypothesis examples each; this run uses ``--examples`` (default 500) and
@@ -28,7 +28,7 @@ def main() -> int:
     started = time.perf_counter()
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "tests/engine/test_invariants.py", "tests/engine/test_neighbours.py"],
+         "tests/privacy/test_invariants.py", "tests/privacy/test_neighbours.py"],
         cwd=root,
         env=environment,
         check=False,
