@@ -28,3 +28,13 @@ def test_make_demo_installs_no_test_extras_and_make_test_does(tmp_path: Path) ->
     assert "[test]" not in demo and "dpsql demo" in demo, demo
     test = _dry_run("test", tmp_path / "venv")
     assert "pip install --quiet -e '.[test]'" in test and "pytest" in test, test
+
+
+def test_the_console_script_is_the_cli_packages_run() -> None:
+    from importlib.metadata import entry_points
+
+    import dpsql.cli
+
+    (script,) = entry_points(group="console_scripts", name="dpsql")
+    assert script.value == "dpsql.cli:run"
+    assert script.load() is dpsql.cli.run

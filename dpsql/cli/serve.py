@@ -1,8 +1,8 @@
-"""Command-line commands of the service: ``dpsql serve``, ``dpsql token ...``, and ``--url/--token``
-(or ``DPSQL_URL``/``DPSQL_TOKEN``) in place of ``--db --analyst`` on the analyst commands.
+"""The service: ``dpsql serve``, ``dpsql token create|list|revoke``, and ``--url/--token`` (or
+``DPSQL_URL``/``DPSQL_TOKEN``) in place of ``--db --analyst`` on the analyst commands.
 
-``register(cli)`` adds them to the ``dpsql`` group. Importing this module loads neither FastAPI nor
-uvicorn; the commands do when they run.
+``accept_remote(cli)`` gives the analyst commands their remote twin. Importing this module loads
+neither FastAPI, uvicorn nor the HTTP client; the commands do when they run.
 """
 
 from __future__ import annotations
@@ -17,15 +17,21 @@ from typing import TYPE_CHECKING, Any
 import click
 from click.core import ParameterSource
 
-from dpsql.cli_output import db_option, print_csv, print_table
-from dpsql.engine.session import show_policy
+from dpsql.cli.options import db_option, format_option
+from dpsql.cli.output import (
+    print_budget,
+    print_ledger,
+    print_result,
+    print_synopses,
+    print_tokens,
+)
 from dpsql.errors import LedgerError, ParameterError
-from dpsql.serving.client import RemoteSession
 
 if TYPE_CHECKING:
+    from dpsql.serving.client import RemoteSession
     from dpsql.serving.limits import ServerSettings
 
-__all__ = ["register", "run_service", "serve", "serve_demo", "token"]
+__all__ = ["accept_remote", "run_service", "serve", "serve_demo", "token"]
 
 
 @click.command()
@@ -64,6 +70,7 @@ def serve(
     verify_every: float,
 ) -> None:
     """Serve the database over HTTP: the API under /v1, its docs at /docs, a console at /."""
+    from dpsql.engine.session import show_policy
     from dpsql.serving.limits import ServerSettings
     from dpsql.serving.tokens import TokenStore
 
@@ -173,28 +180,14 @@ def token_create(database: str, name: str, role: str) -> None:
 
 @token.command("list")
 @db_option
-@click.option(
-    "--format",
-    "output_format",
-    type=click.Choice(["table", "json", "csv"]),
-    default="table",
-    show_default=True,
-)
+@format_option("table", "json", "csv")
 def token_list(database: str, output_format: str) -> None:
     """List tokens (ids, names, roles, times; never secrets)."""
     from dpsql.serving.tokens import TokenStore
 
     with TokenStore(database) as store:
         records = [r.to_dict() for r in store.records()]
-    if output_format == "json":
-        click.echo(json.dumps(records))
-        return
-    columns = ["id", "name", "role", "created", "revoked"]
-    rows = [[r[c] for c in columns] for r in records]
-    if output_format == "csv":
-        print_csv(columns, rows)
-    else:
-        print_table("Tokens", columns, rows)
+    print_tokens(records, output_format)
 
 
 @token.command("revoke")
@@ -217,8 +210,6 @@ def _query_options(options: dict[str, Any]) -> dict[str, Any]:
 def _remote_query(
     session: RemoteSession, *, sql: str, dialect: str, output_format: str, **options: Any
 ) -> None:
-    from dpsql.cli import print_result
-
     session.dialect = dialect
     print_result(session.execute(sql, **_query_options(options)), output_format)
 
@@ -228,14 +219,10 @@ def _remote_explain(session: RemoteSession, *, sql: str, **options: Any) -> None
 
 
 def _remote_budget(session: RemoteSession, *, output_format: str, **_: Any) -> None:
-    from dpsql.cli import print_budget
-
     print_budget(session.budget(), output_format)
 
 
 def _remote_ledger(session: RemoteSession, *, output_format: str, **_: Any) -> None:
-    from dpsql.cli import print_ledger
-
     print_ledger(session.ledger(), output_format)
 
 
@@ -247,8 +234,6 @@ def _remote_verify(session: RemoteSession, **_: Any) -> None:
 
 
 def _remote_synopses(session: RemoteSession, *, output_format: str, **_: Any) -> None:
-    from dpsql.cli import print_synopses
-
     print_synopses(session.synopses(), output_format)
 
 
@@ -280,6 +265,8 @@ def _accept_remote(command: click.Command, remote: Callable[..., None]) -> None:
             if options.pop("analyst", None) is not None:
                 raise click.UsageError("with --url the service takes the analyst from the token")
             options.pop("database")
+            from dpsql.serving.client import RemoteSession
+
             with RemoteSession(url, token=token) as session:
                 remote(session, **options)
             return None
@@ -294,10 +281,8 @@ def _accept_remote(command: click.Command, remote: Callable[..., None]) -> None:
     command.callback = callback
 
 
-def register(cli: click.Group) -> None:
-    """Add ``serve`` and ``token``; let the analyst commands reach a service."""
-    cli.add_command(serve)
-    cli.add_command(token)
+def accept_remote(cli: click.Group) -> None:
+    """Let ``cli``'s analyst commands reach a service with ``--url/--token``."""
     commands = cli.commands
     ledger = commands["ledger"]
     assert isinstance(ledger, click.Group)

@@ -12,9 +12,9 @@ import pytest
 from click.testing import CliRunner
 from rich.console import Console
 
-import dpsql.cli
+import dpsql.engine.session
 from dpsql.cli import cli, main
-from dpsql.cli_progress import ProgressDisplay
+from dpsql.cli.progress import ProgressDisplay
 from dpsql.engine.demo import DEMO_POLICY, build_demo
 from dpsql.engine.session import connect, set_policy
 from dpsql.mechanisms.random import _seeded_for_tests
@@ -36,7 +36,7 @@ def seeded(monkeypatch) -> None:
         with _seeded_for_tests(np.random.default_rng(7)):
             return connect(*args, **kwargs)
 
-    monkeypatch.setattr(dpsql.cli, "connect", seeded_connect)
+    monkeypatch.setattr(dpsql.engine.session, "connect", seeded_connect)  # the CLI's, at run time
 
 
 @pytest.mark.parametrize("output_format", ["table", "csv", "json"])

@@ -1,19 +1,17 @@
-"""Command-line commands for query streams: ``dpsql stream open`` (listing: ``dpsql synopses``).
+"""Query streams: ``dpsql stream open`` (they are listed by ``dpsql synopses``).
 
-Thin over ``Session.open_stream`` (:mod:`dpsql.engine.streams`). ``register(cli)`` adds the group.
+Thin over ``Session.open_stream`` (:mod:`dpsql.engine.streams`).
 """
 
 from __future__ import annotations
 
-import json
-
 import click
 
-from dpsql.cli_output import console, db_option, print_table
-from dpsql.engine.session import connect
+from dpsql.cli.options import db_option, format_option
+from dpsql.cli.output import print_stream
 from dpsql.engine.streams import DEFAULT_EXPECTED_QUERIES, STREAM_MECHANISMS
 
-__all__ = ["register", "stream"]
+__all__ = ["stream"]
 
 
 def _column(text: str, bounds: dict[str, tuple[str, str]]) -> tuple[object, ...]:
@@ -95,7 +93,7 @@ def stream() -> None:
     help="pmw: share of epsilon spent on the warm start (a noisy tree); default 0.8.",
 )
 @click.option("--name", default=None, help="Name of the stream (default: derived).")
-@click.option("--format", "output_format", type=click.Choice(["table", "json"]), default="table")
+@format_option("table", "json", show_default=False)
 def stream_open(
     database: str,
     analyst: str,
@@ -114,6 +112,8 @@ def stream_open(
     output_format: str,
 ) -> None:
     """Open a stream over TABLE's columns, charging (epsilon, delta) once."""
+    from dpsql.engine.session import connect
+
     declared = _bounds(bounds)
     specs = [_column(c, declared) for c in columns]
     if declared:
@@ -134,17 +134,4 @@ def stream_open(
             filter=fixed,
             warm_share=warm_share,
         )
-    if output_format == "json":
-        click.echo(json.dumps(opened))
-        return
-    rows = [[k, json.dumps(v) if isinstance(v, list | dict) else v] for k, v in opened.items()]
-    print_table(f"Stream {opened['name']}", ["field", "value"], rows)
-    console.print(
-        f"charged epsilon={opened['epsilon']:g} delta={opened['delta']:g} once; COUNT(*) "
-        f"queries whose WHERE is {' AND '.join([*opened['filters'], '']) or ''}conditions on "
-        f"{opened['key_column']} only are now answered from it"
-    )
-
-
-def register(cli: click.Group) -> None:
-    cli.add_command(stream)
+    print_stream(opened, output_format)

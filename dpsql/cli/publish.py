@@ -1,52 +1,28 @@
-"""Command-line commands for published releases: ``dpsql publish-rr`` and ``dpsql rr ...``.
+"""Local-DP publishing: ``dpsql publish-rr`` and ``dpsql rr list|popularity|common|decode``.
 
-Thin over :mod:`dpsql.engine.publishing`. ``register(cli)`` adds them to the ``dpsql`` group; the
-group's ``main`` turns dpsql errors into one line on stderr (exit status 1).
+Thin over :mod:`dpsql.engine.publishing`.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import click
 
-from dpsql.cli_output import console, db_option, print_csv, print_table
-from dpsql.cli_progress import progress_display, progress_option
-from dpsql.engine.publishing import (
-    PublishedRelease,
-    list_releases,
-    publish_rr,
-    release_common_items,
-    release_decode,
-    release_popularity,
+from dpsql.cli.options import db_option, format_option
+from dpsql.cli.output import (
+    print_common_items,
+    print_decoded,
+    print_popularity,
+    print_release,
+    print_releases,
 )
+from dpsql.cli.progress import progress_display, progress_option
 
-__all__ = ["publish_rr_command", "register", "rr"]
+__all__ = ["publish_rr_command", "rr"]
 
 _analyst_option = click.option(
     "--analyst", required=True, help="Analyst recorded in the ledger (must be in the policy)."
 )
 _release_option = click.option("--release", "name", required=True, help="Name of the release.")
-
-
-def _format(*choices: str) -> Any:
-    return click.option(
-        "--format",
-        "output_format",
-        type=click.Choice(list(choices)),
-        default="table",
-        show_default=True,
-    )
-
-
-def _print_release(release: PublishedRelease, output_format: str) -> None:
-    data = release.to_dict()
-    if output_format == "json":
-        click.echo(json.dumps(data))
-        return
-    data["universe"] = ", ".join(f"{k}={v}" for k, v in data["universe"].items())
-    print_table(f"Release {release.name}", ["field", "value"], [[k, v] for k, v in data.items()])
 
 
 @click.command("publish-rr")
@@ -69,7 +45,7 @@ def _print_release(release: PublishedRelease, output_format: str) -> None:
     "--chunks", type=click.IntRange(min=1), default=None, help="Public number of PPR chunks."
 )
 @click.option("--alpha", type=float, default=2.0, show_default=True, help="PPR parameter > 1.")
-@_format("table", "json")
+@format_option("table", "json")
 @progress_option
 def publish_rr_command(
     database: str,
@@ -90,6 +66,8 @@ def publish_rr_command(
     Charges EPSILON per person before anything is read; the release (public parameters and one
     message per person) is stored in the database as dpsql_rr_<name>.
     """
+    from dpsql.engine.publishing import publish_rr
+
     with progress_display(show_progress) as display:
         release = publish_rr(
             database,
@@ -104,7 +82,7 @@ def publish_rr_command(
             max_items=max_items,
             progress=display,
         )
-    _print_release(release, output_format)
+    print_release(release, output_format)
 
 
 @click.group("rr")
@@ -114,16 +92,12 @@ def rr() -> None:
 
 @rr.command("list")
 @db_option
-@_format("table", "json")
+@format_option("table", "json")
 def rr_list(database: str, output_format: str) -> None:
     """List the stored releases and their public parameters."""
-    releases = [release.to_dict() for release in list_releases(database)]
-    if output_format == "json":
-        click.echo(json.dumps(releases))
-        return
-    columns = ["name", "table", "persons", "epsilon", "epsilon_per_item", "max_items", "chunks"]
-    columns += ["bits_per_person", "ledger_entry", "created"]
-    print_table("Releases", columns, [[r[c] for c in columns] for r in releases])
+    from dpsql.engine.publishing import list_releases
+
+    print_releases([release.to_dict() for release in list_releases(database)], output_format)
 
 
 @rr.command("popularity")
@@ -132,7 +106,7 @@ def rr_list(database: str, output_format: str) -> None:
 @_release_option
 @click.option("--top", "top_k", type=click.IntRange(min=1), default=None, help="Only the top K.")
 @click.option("--confidence", type=float, default=None, help="Interval level (policy default).")
-@_format("table", "json", "csv")
+@format_option("table", "json", "csv")
 def rr_popularity(
     database: str,
     analyst: str,
@@ -142,28 +116,12 @@ def rr_popularity(
     output_format: str,
 ) -> None:
     """Unbiased number of persons holding each item, with intervals."""
+    from dpsql.engine.publishing import release_popularity
+
     result = release_popularity(
         database, analyst=analyst, name=name, top_k=top_k, confidence=confidence
     )
-    if output_format == "json":
-        click.echo(json.dumps(result.to_dict()))
-        return
-    columns = ["item", "estimate", "estimate_low", "estimate_high"]
-    rows = [
-        [i, float(e), float(lo), float(hi)]
-        for i, e, lo, hi in zip(
-            result.items, result.estimate, result.lower, result.upper, strict=True
-        )
-    ]
-    if output_format == "csv":
-        print_csv(columns, rows)
-        return
-    print_table(f"Item popularity in release {result.release}", columns, rows)
-    console.print(
-        f"{result.persons} persons; standard error {result.std_error:.4g}; intervals are "
-        f"{result.confidence:.0%} confidence per item; free (post-processing), ledger entry "
-        f"{result.ledger_entry}"
-    )
+    print_popularity(result, output_format)
 
 
 @rr.command("common")
@@ -172,22 +130,17 @@ def rr_popularity(
 @_release_option
 @click.argument("person_a")
 @click.argument("person_b")
-@_format("table", "json")
+@format_option("table", "json")
 def rr_common(
     database: str, analyst: str, name: str, person_a: str, person_b: str, output_format: str
 ) -> None:
     """Unbiased estimate of how many items PERSON_A and PERSON_B have in common."""
+    from dpsql.engine.publishing import release_common_items
+
     (result,) = release_common_items(
         database, analyst=analyst, name=name, pairs=[(person_a, person_b)]
     )
-    if output_format == "json":
-        click.echo(json.dumps(result.to_dict()))
-        return
-    console.print(
-        f"common items of {result.person_a} and {result.person_b}: {result.estimate:.4g} "
-        f"(standard error {result.std_error:.4g}); free (post-processing), ledger entry "
-        f"{result.ledger_entry}"
-    )
+    print_common_items(result, output_format)
 
 
 @rr.command("decode")
@@ -195,22 +148,10 @@ def rr_common(
 @_analyst_option
 @_release_option
 @click.argument("person")
-@_format("table", "json")
+@format_option("table", "json")
 def rr_decode(database: str, analyst: str, name: str, person: str, output_format: str) -> None:
     """The noisy item set of PERSON (randomized response of their published items)."""
+    from dpsql.engine.publishing import release_decode
+
     (row,) = release_decode(database, analyst=analyst, name=name, persons=[person])
-    data = row.to_dict()
-    if output_format == "json":
-        click.echo(json.dumps(data))
-        return
-    console.print(
-        f"{data['person']}: {data['ones']} of {data['n']} items reported: "
-        f"{', '.join(str(i) for i in data['items'])}"
-    )
-    console.print(f"free (post-processing), ledger entry {data['ledger_entry']}")
-
-
-def register(cli: click.Group) -> None:
-    """Add ``publish-rr`` and the ``rr`` group to the ``dpsql`` command group."""
-    cli.add_command(publish_rr_command)
-    cli.add_command(rr)
+    print_decoded(row, output_format)

@@ -9,8 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpsql.cli import cli, main
-from dpsql.cli_publish import register
+from dpsql.cli import main
 from tests.conftest import make_database
 
 POLICY = """
@@ -28,12 +27,6 @@ bounds = [0, 49]
 [tables.events.columns.kind]
 public_keys = ["a", "b"]
 """
-
-
-@pytest.fixture(autouse=True)
-def _registered() -> None:
-    if "publish-rr" not in cli.commands:
-        register(cli)
 
 
 @pytest.fixture
