@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from dpsql.engine.published import (
+    from dpsql.engine.publishing import (
         CommonItemsResult,
         DecodedRow,
         PopularityResult,
