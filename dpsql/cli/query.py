@@ -12,9 +12,7 @@ import click
 from dpsql.cli.options import db_option, format_option
 from dpsql.cli.output import console, print_result
 from dpsql.cli.progress import progress_display, progress_option
-from dpsql.engine.contributions import DEFAULT_EPSILON as CONTRIBUTIONS_EPSILON
-from dpsql.engine.planner import MECHANISM_NAMES
-from dpsql.engine.streams import STREAM_MECHANISMS
+from dpsql.engine.choices import CONTRIBUTIONS_EPSILON, MECHANISM_NAMES, STREAM_MECHANISMS
 
 __all__ = ["contributions", "explain", "query", "result"]
 

@@ -9,7 +9,7 @@ import click
 
 from dpsql.cli.options import db_option, format_option
 from dpsql.cli.output import print_stream
-from dpsql.engine.streams import DEFAULT_EXPECTED_QUERIES, STREAM_MECHANISMS
+from dpsql.engine.choices import DEFAULT_EXPECTED_QUERIES, STREAM_MECHANISMS
 
 __all__ = ["stream"]
 

@@ -23,6 +23,7 @@ from dpsql.accountant.events import MechanismEvent, SequentialEvent
 from dpsql.accountant.ledger import LedgerEntry
 from dpsql.accountant.units import Cost, check_budget_value
 from dpsql.engine.answers import plain
+from dpsql.engine.choices import CONTRIBUTIONS_EPSILON as DEFAULT_EPSILON
 from dpsql.engine.policy import Policy
 from dpsql.engine.results import QueryResult
 from dpsql.errors import ParameterError, PolicyError, SchemaError
@@ -31,8 +32,6 @@ from dpsql.sql.generate import PROFILE_EDGES, PROFILE_STATISTICS, Bounds
 
 __all__ = ["DEFAULT_EPSILON", "ContributionPlan", "contribution_answer", "plan_contributions"]
 
-DEFAULT_EPSILON = 0.1
-"""ε of a contribution report or suggestion that states none (small, and always shown)."""
 
 POLICY_KEY = {
     "rows_per_unit": "max_rows_per_unit",

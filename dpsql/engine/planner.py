@@ -17,6 +17,7 @@ from typing import Any
 from sqlglot import exp
 
 from dpsql.accountant.events import SequentialEvent
+from dpsql.engine.choices import MECHANISM_NAMES, MECHANISMS
 from dpsql.engine.plans.auto_bounds import (
     AUTO_BOUND_EXPONENTS,
     AutomaticBounds,
@@ -31,7 +32,7 @@ from dpsql.engine.plans.base import (
     split_epsilon,
     table_bounds,
 )
-from dpsql.engine.plans.keys import MECHANISMS, Keys, plan_key_release
+from dpsql.engine.plans.keys import Keys, plan_key_release
 from dpsql.engine.plans.laplace import LAPLACE
 from dpsql.engine.plans.quantiles import QUANTILE_WEIGHT, QuantilePlan, Quantiles, plan_quantiles
 from dpsql.engine.plans.ranges import plan_ranges
@@ -175,8 +176,6 @@ class QueryPlan:
         return self.family.error(self, kind, column, level)
 
 
-MECHANISM_NAMES: tuple[str, ...] = tuple(MECHANISMS)
-"""What ``mechanism=`` may name for a query the planner answers (query streams add theirs)."""
 
 
 def _mechanism_option(shape: QueryShape, given: str | None) -> str | None:

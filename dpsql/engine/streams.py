@@ -46,6 +46,7 @@ from sqlglot import exp
 
 from dpsql.accountant.events import MechanismEvent
 from dpsql.accountant.stores import LedgerFileStore
+from dpsql.engine.choices import STREAM_MECHANISMS
 from dpsql.errors import LedgerError, ParameterError, PrivacyError
 from dpsql.mechanisms.hierarchical import choose_branching
 from dpsql.mechanisms.svt import plan as svt_plan
@@ -63,7 +64,6 @@ __all__ = [
     "stream_columns",
 ]
 
-STREAM_MECHANISMS = ("pmw", "range_tree")
 MAX_CELLS = 2**20
 """Largest domain (product of the cells) a stream may declare."""
 MAX_PMW_CELLS = 2**16
@@ -74,7 +74,6 @@ DEFAULT_UPDATES = 50
 DEFAULT_WARM_SHARE = 0.8
 """Share of a PMW stream's ε spent on its warm start (``dpsql.mechanisms.pmw``)."""
 DEFAULT_REPLAYS = 10
-DEFAULT_EXPECTED_QUERIES = 1000
 
 _COLUMNS = (
     "name",

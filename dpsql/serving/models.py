@@ -11,8 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dpsql.engine.planner import MECHANISM_NAMES
-from dpsql.engine.streams import STREAM_MECHANISMS
+from dpsql.engine.choices import MECHANISM_NAMES, STREAM_MECHANISMS
 
 __all__ = [
     "ExplainResponse",

@@ -21,6 +21,7 @@ import pandas as pd
 
 from dpsql.accountant.events import MechanismEvent, SequentialEvent
 from dpsql.engine.answers import ALP_ROWS_PER_KEY, having_rows, plain
+from dpsql.engine.choices import MECHANISMS
 from dpsql.engine.key_mechanisms import DefaultChoice, choose_default
 from dpsql.engine.plans.base import Family, MeasurementPlan
 from dpsql.engine.policy import TablePolicy
@@ -60,19 +61,6 @@ __all__ = [
     "plan_key_release",
     "store_synopsis",
 ]
-
-MECHANISMS = {
-    "laplace": None,
-    "threshold": "threshold",
-    "threshold_laplace": "threshold",
-    "threshold_gaussian": "threshold_gaussian",
-    "weighted": "weighted",
-    "mad2r": "mad2r",
-    "alp": "combined",
-    "combined": "combined",
-}
-"""What ``mechanism=`` may name for a query the planner answers, and the key release each
-names (None: public keys only)."""
 
 
 @dataclass(frozen=True)
