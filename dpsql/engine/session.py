@@ -26,6 +26,7 @@ from dpsql.engine.answers import (
     ALP_ROWS_PER_KEY,
 )
 from dpsql.engine.backends import Backend, DuckDBBackend
+from dpsql.engine.choices import DEFAULT_EXPECTED_QUERIES
 from dpsql.engine.contributions import contribution_answer, plan_contributions
 from dpsql.engine.derived import post_processed
 from dpsql.engine.literals import Binder
@@ -51,7 +52,7 @@ from dpsql.engine.release import ReleaseContext, answer, read
 from dpsql.engine.results import BudgetReport, BudgetStatus, QueryResult
 from dpsql.engine.stored_results import ResultStore
 from dpsql.engine.stream_desk import StreamDesk, list_streams
-from dpsql.engine.streams import DEFAULT_EXPECTED_QUERIES, StreamStore
+from dpsql.engine.streams import StreamStore
 from dpsql.engine.synopses import (
     PointQuery,
     Synopsis,

@@ -20,14 +20,13 @@ from sqlglot import exp
 
 from dpsql.accountant.events import PostProcessingEvent
 from dpsql.accountant.units import check_budget_value
+from dpsql.engine.choices import DEFAULT_EXPECTED_QUERIES, STREAM_MECHANISMS
 from dpsql.engine.query import visible_catalog
 from dpsql.engine.release import read
 from dpsql.engine.results import QueryResult
 from dpsql.engine.stream_sql import alignment_sql, cells_selected_sql, histogram_sql
 from dpsql.engine.streams import (
-    DEFAULT_EXPECTED_QUERIES,
     KINDS,
-    STREAM_MECHANISMS,
     ColumnSpec,
     Stream,
     StreamColumn,
