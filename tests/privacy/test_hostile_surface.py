@@ -104,3 +104,26 @@ def test_a_row_without_a_unit_changes_nothing(tmp_path: Path) -> None:
     ]
     assert answers[0] == pytest.approx(21, abs=0.5)
     assert answers[1] == answers[0]
+
+
+def test_a_released_key_shown_under_two_names_is_answered(tmp_path: Path) -> None:
+    """``SELECT s AS k, s AS j ... GROUP BY 1, 2`` over keys without public keys failed after its
+    charge (the release assumed one key column and one count): found by the neighbouring suite
+    at 500 examples."""
+    policy = POLICY.replace("epsilon = 1e6\n[tables", "epsilon = 1e6\ndelta = 1e-6\n[tables")
+    path = tmp_path / "t.duckdb"
+    connection = duckdb.connect(str(path))
+    connection.execute(
+        "CREATE TABLE t AS SELECT i AS uid, 1.0 AS salary, i % 3 AS x FROM range(90) r(i)"
+    )
+    connection.close()
+    set_policy(path, policy)
+    with seeded_connect(path, analyst="a", rng=np.random.default_rng(8)) as db:
+        result = db.execute(
+            "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(mechanism='threshold') "
+            "x AS k, x AS j, COUNT(*) AS n FROM t GROUP BY 1, 2",
+            epsilon=1e4,
+            delta=1e-6,
+        )
+    assert result.columns == ["k", "j", "n"]
+    assert result.rows and all(row[0] == row[1] for row in result.rows)

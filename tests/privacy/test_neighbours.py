@@ -374,14 +374,14 @@ TWINS = {
                   st.sampled_from(["i", "h", "m"]), st.sampled_from(["2147483647", "3", "-7"])),
     ),
     "subqueries that read rows without a unit": (
-        "", "dpsql.sql.generate.scoped", _subqueries_read_every_row,
+        None, "dpsql.sql.generate.scoped", _subqueries_read_every_row,
         st.builds(
             lambda c: f"SELECT COUNT(*) AS n FROM w WHERE u NOT IN (SELECT u FROM w WHERE {c})",
             st.sampled_from(["i > 0", "dd < 0", "f"]),
         ),
     ),
     "a source with rows without a unit": (
-        "", "dpsql.sql.generate.private_rows", _rows_without_a_unit_too, filter_queries(),
+        None, "dpsql.sql.generate.private_rows", _rows_without_a_unit_too, filter_queries(),
     ),
 }
 

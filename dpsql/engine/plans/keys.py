@@ -553,7 +553,10 @@ def key_answer(
     shown, seed = _shown_keys(released, hashed=spec.hashed, seed=seed)
     lower, upper = released.lower, released.upper
     names = list(plan.shape.column_names)
-    by_output = {plan.shape.outputs[0].name: shown, plan.shape.outputs[1].name: released.values}
+    # The key column may be shown under several names (SELECT k AS a, k AS b ... GROUP BY 1, 2).
+    by_output = {
+        o.name: shown if isinstance(o, GroupKey) else released.values for o in plan.shape.outputs
+    }
     rows = [
         tuple(plain(v) for v in row) for row in zip(*(by_output[n] for n in names), strict=True)
     ]
