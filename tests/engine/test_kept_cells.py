@@ -12,8 +12,8 @@ import pandas as pd
 import pytest
 
 import dpsql
-from dpsql.engine import session as session_module
-from dpsql.engine.backends import SCRATCH_PREFIX, DuckDBBackend
+from dpsql.engine.backends import SCRATCH_PREFIX, DuckDBBackend, Scratch
+from dpsql.engine.plans import keys as keys_module
 from dpsql.engine.session import database_ledger
 from dpsql.errors import ExecutionError, ParameterError
 from tests.conftest import make_database, seeded
@@ -102,7 +102,7 @@ def test_the_cells_are_dropped_when_round_two_fails_and_the_charge_stands(
         seen.append(_leftovers(backend))  # both tables exist while round 2 runs
         return f'SELECT "no such column" FROM "{cells}"'
 
-    monkeypatch.setattr(session_module, "second_round_weights", broken)
+    monkeypatch.setattr(keys_module, "second_round_weights", broken)
     charged = len(database_ledger(database))
     with _session(database, backend, 4) as db:
         with pytest.raises(ExecutionError):
@@ -121,7 +121,7 @@ def test_the_cells_are_dropped_when_the_query_is_interrupted(
     def interrupted(*args: Any) -> str:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(session_module, "second_round_weights", interrupted)
+    monkeypatch.setattr(keys_module, "second_round_weights", interrupted)
     with _session(database, backend, 5) as db:
         with pytest.raises(KeyboardInterrupt):
             _release(db)
@@ -139,7 +139,7 @@ def test_sessions_sharing_a_backend_use_their_own_tables_which_analysts_cannot_s
     backend = DuckDBBackend(database)
     names: list[str] = []
     catalogs: list[set[str]] = []
-    table = session_module.Scratch.table
+    table = Scratch.table
 
     def spy(self: Any, sql: str, progress: Any = None) -> str:
         name = table(self, sql, progress)
@@ -147,7 +147,7 @@ def test_sessions_sharing_a_backend_use_their_own_tables_which_analysts_cannot_s
         catalogs.append(set(backend._read_catalog()))
         return name
 
-    monkeypatch.setattr(session_module.Scratch, "table", spy)
+    monkeypatch.setattr(Scratch, "table", spy)
     rng = np.random.default_rng(6)
     first = seeded(dpsql.Session, database, analyst="a", backend=backend, rng=rng)
     second = seeded(dpsql.Session, database, analyst="b", backend=backend, rng=rng)
@@ -170,7 +170,7 @@ def test_nothing_is_left_when_materialising_the_cells_fails(
 ) -> None:
     database = make_database(tmp_path / "v.duckdb", {"visits": _visits(True)}, POLICY)
     backend = DuckDBBackend(database)
-    monkeypatch.setattr(session_module, "ranked_cells", lambda *a, **k: "SELECT 1 / 'x'")
+    monkeypatch.setattr(keys_module, "ranked_cells", lambda *a, **k: "SELECT 1 / 'x'")
     with _session(database, backend, 7) as db:
         with pytest.raises(ExecutionError):
             _release(db)
