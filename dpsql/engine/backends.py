@@ -291,6 +291,10 @@ class DuckDBBackend:
             if _dropped(self._connection, name, table):
                 self._undropped.remove((name, table))
 
+    def interrupt(self) -> None:
+        """Stop the running query from another thread (it then raises ``ExecutionError``)."""
+        self._connection.interrupt()
+
     def close(self) -> None:
         self._connection.close()
         self._remove_spill()

@@ -121,11 +121,10 @@ class EngineRunner:
         request = self._request
         if request is not None:
             request.expire()  # its checks raise, its connections (the sandbox's too) stop
-        # DuckDBBackend keeps its connection private; interrupting it is the one way to stop a
-        # running scan from another thread (the engine then raises ExecutionError).
-        connection = getattr(self._backend, "_connection", None)
-        if connection is not None:
-            connection.interrupt()
+        # Interrupting the backend is the one way to stop a running scan from another thread (the
+        # engine then raises ExecutionError).
+        if self._backend is not None:
+            self._backend.interrupt()
 
     async def run(
         self, work: Callable[[Session | None], T], *, analyst: str | None, timeout: float
