@@ -9,6 +9,7 @@ and a ledger that fails verification, or cannot be read, stops all queries (fail
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import functools
 import getpass
@@ -31,7 +32,7 @@ from dpsql.accountant.units import Cost
 from dpsql.accountant.zcdp import curves, zcdp_total
 from dpsql.errors import BudgetExceededError, LedgerError, PolicyError
 
-__all__ = ["BudgetLine", "Ledger", "LedgerEntry", "current_actor"]
+__all__ = ["BudgetLine", "Ledger", "LedgerEntry", "backup", "current_actor"]
 
 _GENESIS = "0" * 64
 _EVERY = "*"
@@ -176,9 +177,13 @@ class BudgetLine:
 
 
 class Ledger:
-    """The ledger file of one dataset."""
+    """The ledger file of one dataset.
 
-    def __init__(self, path: str | Path, *, dataset: str):
+    ``read_only`` opens an existing file (e.g. a backup) without changing a byte of it: no
+    journal mode, schema or migration is written, and charging fails.
+    """
+
+    def __init__(self, path: str | Path, *, dataset: str, read_only: bool = False):
         self.path = Path(path)
         self.dataset = dataset
         self._cache: dict[str | None, list[tuple[Charge, tuple[str | None, ...]]]] = {None: []}
@@ -195,20 +200,32 @@ class Ledger:
         """Who acts through this ledger, when not the default ``current_actor()``: the seam
         through which a service records its token with every entry."""
         try:
-            self._connection = sqlite3.connect(self.path, timeout=60, isolation_level=None)
-            self._connection.execute("PRAGMA journal_mode=WAL")
-            self._connection.execute("PRAGMA synchronous=FULL")
-            self._connection.executescript(_SCHEMA)
-            columns = {row[1] for row in self._connection.execute("PRAGMA table_info(entries)")}
-            for added in ("actor", "period"):
-                if added not in columns:
-                    self._connection.execute(f"ALTER TABLE entries ADD COLUMN {added} TEXT")
+            if read_only:
+                if not self.path.is_file():
+                    raise LedgerError(f"ledger file {str(self.path)!r} does not exist")
+                self._connection = sqlite3.connect(
+                    f"{self.path.resolve().as_uri()}?mode=ro", uri=True, isolation_level=None
+                )
+                self._connection.execute("SELECT count(*) FROM entries").fetchone()
+            else:
+                self._open()
         except sqlite3.DatabaseError as error:
             raise LedgerError(
                 f"ledger {str(self.path)!r} is unreadable ({error}); "
                 "all queries are stopped until it is repaired"
             ) from None
         self.verify()
+
+    def _open(self) -> None:
+        """Open the file for writing: WAL, full fsync, the schema and its later columns."""
+        self._connection = sqlite3.connect(self.path, timeout=60, isolation_level=None)
+        self._connection.execute("PRAGMA journal_mode=WAL")
+        self._connection.execute("PRAGMA synchronous=FULL")
+        self._connection.executescript(_SCHEMA)
+        columns = {row[1] for row in self._connection.execute("PRAGMA table_info(entries)")}
+        for added in ("actor", "period"):
+            if added not in columns:
+                self._connection.execute(f"ALTER TABLE entries ADD COLUMN {added} TEXT")
 
     def close(self) -> None:
         self._connection.close()
@@ -613,3 +630,31 @@ def _charge_cost(entry: LedgerEntry) -> Cost:
         return total(event_from_dict(json.loads(entry.payload)))
     except (ValueError, KeyError, TypeError):
         return Cost(-1, -1)
+
+
+def backup(source: str | Path, target: str | Path) -> None:
+    """Copy the ledger file ``source`` to ``target`` with SQLite's online backup API.
+
+    The copy is one consistent snapshot holding every committed entry, those still in the
+    write-ahead log included (a ``cp`` of the file misses them), taken under a read transaction
+    that does not block writers: safe while the service charges. ``target`` must not exist; it
+    is written beside itself and renamed into place, as one self-contained file (no WAL).
+    """
+    source, target = Path(source), Path(target)
+    if not source.is_file():
+        raise LedgerError(f"ledger file {str(source)!r} does not exist")
+    if target.exists():
+        raise LedgerError(f"{str(target)!r} exists; give a new file for the backup")
+    partial = target.with_name(f".{target.name}.partial")
+    partial.unlink(missing_ok=True)
+    try:
+        with (
+            contextlib.closing(sqlite3.connect(source, timeout=60)) as reading,
+            contextlib.closing(sqlite3.connect(partial)) as writing,
+        ):
+            reading.backup(writing)
+            writing.execute("PRAGMA journal_mode=DELETE")
+        partial.rename(target)
+    except (sqlite3.DatabaseError, OSError) as error:
+        partial.unlink(missing_ok=True)
+        raise LedgerError(f"cannot back up {str(source)!r} to {str(target)!r}: {error}") from None

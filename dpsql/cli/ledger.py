@@ -1,5 +1,5 @@
 """Commands over the privacy ledger: ``dpsql policy set|show``, ``budget``, ``synopses`` and
-``ledger [verify|head]`` (administrators and auditors; analysts see their own share).
+``ledger [verify|head|backup]`` (administrators and auditors; analysts see their own share).
 """
 
 from __future__ import annotations
@@ -107,28 +107,91 @@ _ledger_db = click.option(
 @ledger.command("verify")
 @_ledger_db
 @click.option(
+    "--file",
+    "ledger_file",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="A ledger file (e.g. from `dpsql ledger backup`) instead of --db's; read, never changed.",
+)
+@click.option(
     "--expect",
     default=None,
     help="A hash recorded earlier (`dpsql ledger head`): fail unless it is still in the chain, "
     "which detects deleted newest entries.",
 )
+@click.option(
+    "--head",
+    default=None,
+    help="The hash the newest entry must have (e.g. the head printed when a backup was taken).",
+)
 @click.pass_context
-def ledger_verify(context: click.Context, database: str | None, expect: str | None) -> None:
+def ledger_verify(
+    context: click.Context,
+    database: str | None,
+    ledger_file: str | None,
+    expect: str | None,
+    head: str | None,
+) -> None:
     """Verify the hash chain and every entry's total; name the first bad entry."""
+    from dpsql.accountant.ledger import Ledger
     from dpsql.engine.session import database_ledger, ledger_path
 
-    database = _ledger_database(context, database)
-    entries = database_ledger(database)
+    if ledger_file is not None:
+        if database is not None or (context.obj or {}).get("database") is not None:
+            raise click.UsageError("give either --file or --db, not both")
+        path = Path(ledger_file)
+        store = Ledger(path, dataset=path.stem, read_only=True)
+        try:
+            entries = [e.to_dict() for e in store.entries()]
+        finally:
+            store.close()
+    else:
+        database = _ledger_database(context, database)
+        path = ledger_path(database)
+        entries = database_ledger(database)
     if expect is not None:
         found = next((e for e in entries if e["hash"] == expect.strip().lower()), None)
         if found is None:
             raise LedgerError(
-                f"hash {expect!r} is not in the ledger {str(ledger_path(database))!r}: entries "
+                f"hash {expect!r} is not in the ledger {str(path)!r}: entries "
                 "recorded after it was taken were deleted, or the ledger was replaced"
             )
         newer = len(entries) - entries.index(found) - 1
         click.echo(f"the expected hash is entry {found['seq']}; {newer} entries were added since")
-    click.echo(f"ledger {ledger_path(database)} verified: {len(entries)} entries, chain intact")
+    if head is not None:
+        newest = entries[-1]["hash"] if entries else None
+        if newest != head.strip().lower():
+            shown = "no entry" if newest is None else f"entry {entries[-1]['seq']} is {newest}"
+            raise LedgerError(f"the ledger {str(path)!r} does not end at {head!r}: its {shown}")
+    click.echo(f"ledger {path} verified: {len(entries)} entries, chain intact")
+
+
+@ledger.command("backup")
+@_ledger_db
+@click.option(
+    "--out",
+    "target",
+    required=True,
+    type=click.Path(dir_okay=False),
+    help="The backup file to write (must not exist).",
+)
+@click.pass_context
+def ledger_backup(context: click.Context, database: str | None, target: str) -> None:
+    """Copy the ledger consistently with SQLite's online backup API (safe while serving; a
+    `cp` can miss entries still in the write-ahead log), then verify the copy."""
+    from dpsql.accountant.ledger import Ledger, backup
+    from dpsql.engine.session import ledger_path
+
+    source = ledger_path(_ledger_database(context, database))
+    backup(source, target)
+    copy = Ledger(target, dataset=Path(target).stem, read_only=True)
+    try:
+        entries = copy.entries()
+    finally:
+        copy.close()
+    newest = entries[-1].hash if entries else "none"
+    click.echo(f"backed up {source} to {target}: {len(entries)} entries, chain intact")
+    click.echo(f"head {newest} (check later: dpsql ledger verify --file {target} --head HASH)")
 
 
 @ledger.command("head")

@@ -36,6 +36,7 @@ __all__ = [
     "print_release",
     "print_releases",
     "print_result",
+    "print_schema",
     "print_stream",
     "print_synopses",
     "print_table",
@@ -127,6 +128,55 @@ def print_synopses(listed: list[dict[str, Any]], output_format: str) -> None:
     columns = ["name", "table", "key_column", "filters", "epsilon", "delta", "created", "bytes"]
     rows = [[s[c] if c != "filters" else " AND ".join(s[c]) for c in columns] for s in listed]
     print_listing(listed, "Synopses", columns, rows, output_format)
+
+
+def print_schema(schema: dict[str, Any], output_format: str) -> None:
+    """The tables an analyst may query: one table of columns and rules per policy table, the
+    public tables, the query defaults and the caller's budget."""
+    if output_format == "json":
+        click.echo(json.dumps(schema))
+        return
+    dataset = schema["dataset"]
+    default = dataset["default_query_epsilon"]
+    console.print(
+        f"dataset {dataset['name']}: default epsilon "
+        f"{'none (give one per query)' if default is None else _number(default)}, "
+        f"default delta {_number(dataset['default_query_delta'])}, "
+        f"{_number(dataset['confidence'] * 100)}% intervals"
+    )
+    for table in schema["tables"]:
+        partition = table["partition_column"]
+        title = (
+            f"{table['name']}: privacy unit {table['privacy_unit']}; per unit at most "
+            f"{table['max_groups_per_unit']} groups, {table['max_rows_per_group']} rows per "
+            f"group, {table['max_rows_per_unit']} rows"
+            + (f"; partitioned by {partition}" if partition else "")
+        )
+        rows = [
+            [
+                c["name"],
+                c["type"],
+                "-"
+                if c["bounds"] is None
+                else f"[{_number(c['bounds'][0])}, {_number(c['bounds'][1])}]",
+                "-" if c["public_keys"] is None else ", ".join(map(str, c["public_keys"])),
+                "-" if c["key_domain"] is None else json.dumps(c["key_domain"]),
+                c["auto_bounds"] or "-",
+            ]
+            for c in table["columns"]
+        ]
+        columns = ["column", "type", "bounds", "public_keys", "key_domain", "auto_bounds"]
+        print_table(title, columns, rows)
+    for table in schema["public_tables"]:
+        title = f"{table['name']} (public)" + (
+            f": {table['description']}" if table["description"] else ""
+        )
+        print_table(title, ["column", "type"], [[c["name"], c["type"]] for c in table["columns"]])
+    for line in schema["budget"]:
+        console.print(
+            f"{line['scope']} {line['name']}: epsilon {_number(line['epsilon_remaining'])} of "
+            f"{_number(line['epsilon_cap'])} remaining, delta {_number(line['delta_remaining'])}"
+        )
 
 
 def print_ledger(entries: list[dict[str, Any]], output_format: str) -> None:

@@ -1,4 +1,4 @@
-"""Analyst commands that answer SQL: ``dpsql query``, ``explain``, ``contributions``, ``result``.
+"""Analyst commands: ``dpsql query``, ``explain``, ``contributions``, ``result``, ``schema``.
 
 Thin over :class:`dpsql.engine.session.Session`; the printers are in :mod:`dpsql.cli.output`.
 """
@@ -10,11 +10,11 @@ import json
 import click
 
 from dpsql.cli.options import db_option, format_option
-from dpsql.cli.output import console, print_result
+from dpsql.cli.output import console, print_result, print_schema
 from dpsql.cli.progress import progress_display, progress_option
 from dpsql.engine.choices import CONTRIBUTIONS_EPSILON, MECHANISM_NAMES, STREAM_MECHANISMS
 
-__all__ = ["contributions", "explain", "query", "result"]
+__all__ = ["contributions", "explain", "query", "result", "schema"]
 
 _mechanism = click.option(
     "--mechanism",
@@ -177,3 +177,18 @@ def result(database: str, analyst: str | None, output_format: str, entry: int) -
     print_result(database_result(database, entry, analyst), output_format)
     if output_format == "table":
         console.print("fetched from the ledger's stored answers: nothing was charged again")
+
+
+@click.command()
+@db_option
+@click.option("--analyst", required=True, help="Analyst whose tables and budget are shown.")
+@format_option("table", "json")
+def schema(database: str, analyst: str, output_format: str) -> None:
+    """Show the tables the analyst may query: columns and types, privacy units, contribution
+    bounds, public keys, bounds, key domains, query defaults and the analyst's budget. Reads no
+    row and charges nothing."""
+    from dpsql.engine.session import connect
+
+    with connect(database, analyst=analyst) as session:
+        described = session.schema()
+    print_schema(described, output_format)

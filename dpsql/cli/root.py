@@ -12,7 +12,7 @@ import click
 from dpsql.cli.demo import demo
 from dpsql.cli.ledger import budget, ledger, policy, synopses
 from dpsql.cli.publish import publish_rr_command, rr
-from dpsql.cli.query import contributions, explain, query, result
+from dpsql.cli.query import contributions, explain, query, result, schema
 from dpsql.cli.report import report
 from dpsql.cli.serve import accept_remote, serve, token
 from dpsql.cli.streams import stream
@@ -32,6 +32,7 @@ for _command in (
     explain,
     contributions,
     result,
+    schema,
     policy,
     budget,
     synopses,

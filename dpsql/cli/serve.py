@@ -22,6 +22,7 @@ from dpsql.cli.output import (
     print_budget,
     print_ledger,
     print_result,
+    print_schema,
     print_synopses,
     print_tokens,
 )
@@ -58,6 +59,13 @@ __all__ = ["accept_remote", "run_service", "serve", "serve_demo", "token"]
     type=click.FloatRange(min=0),
     help="Seconds between re-verifications of the ledger's chain by each worker.",
 )
+@click.option(
+    "--access-log",
+    default=None,
+    type=click.Path(dir_okay=False),
+    help="Append one JSON line per request (refusals included; never SQL text) to this file; "
+    "rotate it by renaming, the next line opens a new file.",
+)
 def serve(
     database: str,
     host: str,
@@ -68,6 +76,7 @@ def serve(
     rate_limit: int,
     query_timeout: float,
     verify_every: float,
+    access_log: str | None,
 ) -> None:
     """Serve the database over HTTP: the API under /v1, its docs at /docs, a console at /."""
     from dpsql.engine.session import show_policy
@@ -76,6 +85,14 @@ def serve(
 
     show_policy(database)  # a missing policy is a one-line error before anything starts
     TokenStore(database).close()
+    if access_log is not None:
+        try:
+            with open(access_log, "a", encoding="utf-8"):
+                pass
+        except OSError as error:
+            raise ParameterError(
+                f"cannot append to the access log {access_log!r}: {error.strerror}"
+            ) from None
     settings = ServerSettings(
         database=os.path.abspath(database),
         max_body_bytes=max_body_bytes,
@@ -83,6 +100,7 @@ def serve(
         rate_per_minute=rate_limit,
         query_timeout=query_timeout,
         verify_every=verify_every,
+        access_log=None if access_log is None else os.path.abspath(access_log),
     )
     run_service(settings, host=host, port=port, workers=workers)
 
@@ -102,7 +120,7 @@ def run_service(settings: ServerSettings, *, host: str, port: int, workers: int)
         port=port,
         workers=workers,
         log_level="warning",
-        access_log=False,  # the ledger is the audit trail; a log line per request costs latency
+        access_log=False,  # uvicorn's own; dpsql's --access-log holds token ids, no SQL
         proxy_headers=False,  # nothing reads client addresses (limits are per token): no rewrite
         server_header=False,  # no software banner in every response
     )
@@ -233,6 +251,16 @@ def _remote_verify(session: RemoteSession, **_: Any) -> None:
     click.echo(f"ledger at {session.url} verified: {report['detail']}")
 
 
+def _remote_result(session: RemoteSession, *, entry: int, output_format: str, **_: Any) -> None:
+    print_result(session.result(entry), output_format)
+    if output_format == "table":
+        click.echo("fetched from the service's stored answers: nothing was charged again")
+
+
+def _remote_schema(session: RemoteSession, *, output_format: str, **_: Any) -> None:
+    print_schema(session.schema(), output_format)
+
+
 def _remote_synopses(session: RemoteSession, *, output_format: str, **_: Any) -> None:
     print_synopses(session.synopses(), output_format)
 
@@ -293,5 +321,7 @@ def accept_remote(cli: click.Group) -> None:
         (ledger, _remote_ledger),
         (ledger.commands["verify"], _remote_verify),
         (commands["synopses"], _remote_synopses),
+        (commands["result"], _remote_result),
+        (commands["schema"], _remote_schema),
     ):
         _accept_remote(command, remote)

@@ -50,6 +50,7 @@ from dpsql.engine.query import (
 )
 from dpsql.engine.release import ReleaseContext, answer, read
 from dpsql.engine.results import BudgetReport, BudgetStatus, QueryResult
+from dpsql.engine.schema import describe_schema
 from dpsql.engine.stored_results import ResultStore
 from dpsql.engine.stream_desk import StreamDesk, list_streams
 from dpsql.engine.streams import StreamStore
@@ -644,6 +645,16 @@ class Session:
     def budget(self) -> BudgetReport:
         """Cap, spent and remaining for the dataset and this analyst."""
         return budget_report(self.ledger_store, self.analyst)
+
+    def schema(self) -> dict[str, Any]:
+        """The tables this analyst may query, their columns, types and rules, the dataset's
+        query defaults and this analyst's budget (``dpsql.engine.schema``); reads no row."""
+        return describe_schema(
+            self.refresh_policy(),
+            self.backend,
+            dataset=self.ledger_store.dataset,
+            budget=self.budget(),
+        )
 
     def ledger(self) -> list[dict[str, Any]]:
         """This analyst's own ledger entries, oldest first (the whole ledger is the

@@ -7,6 +7,7 @@ comes from the bearer token only; every refusal is an RFC 9457 problem and charg
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -29,10 +30,12 @@ from starlette.exceptions import HTTPException
 
 from dpsql.accountant.ledger import current_actor
 from dpsql.engine.results import LEDGER_COLUMNS, csv_text
+from dpsql.engine.schema import describe_schema
 from dpsql.engine.session import Session, database_budget, database_ledger, database_synopses
 from dpsql.engine.session import show_policy as policy_of
-from dpsql.errors import AccessError, DpsqlError, LedgerError, ServiceError
+from dpsql.errors import AccessError, DpsqlError, LedgerError, ParameterError, ServiceError
 from dpsql.serving import models
+from dpsql.serving.access_log import AccessLog, note
 from dpsql.serving.limits import BodyLimit, RateLimiter, ServerSettings
 from dpsql.serving.problems import PROBLEM_MEDIA_TYPE, Problem, problem_for
 from dpsql.serving.runner import EngineRunner, RunnerTimeout
@@ -157,6 +160,7 @@ def _identify(request: Request, role: str | None) -> tuple[_Service, Identity]:
     identity = service.tokens.authenticate(token.strip())
     if identity is None:
         raise AccessError("invalid or revoked token", status=401)
+    note(request.scope, token_id=identity.token_id, analyst=identity.name, role=identity.role)
     wait = service.limiter.admit(identity.token_id)
     if wait is not None:
         raise _RateLimited(service.settings.rate_per_minute, wait)
@@ -194,6 +198,7 @@ def _within_sql_length(service: _Service, what: str, text: str | None) -> None:
 async def _query_request(request: Request, service: _Service) -> models.QueryRequest:
     """The request's JSON body as a ``QueryRequest``, within the administrator's SQL length."""
     body = await _json_body(request, models.QueryRequest)
+    note(request.scope, sql_sha256=hashlib.sha256(body.sql.encode("utf-8", "replace")).hexdigest())
     _within_sql_length(service, "sql", body.sql)
     return body
 
@@ -210,7 +215,7 @@ def _wants_csv(request: Request) -> bool:
 
 _PROBLEM = {"description": "RFC 9457 problem details", "content": {PROBLEM_MEDIA_TYPE: {}}}
 _REFUSALS: dict[int | str, dict[str, Any]] = {
-    status: _PROBLEM for status in (400, 401, 403, 409, 413, 429, 500, 503, 504)
+    status: _PROBLEM for status in (400, 401, 403, 404, 409, 413, 429, 500, 503, 504)
 }
 _SECURITY = [{"bearer": []}]
 _FORMAT = {
@@ -239,16 +244,17 @@ def _documented(
     tags: list[str],
     body: type[BaseModel] | None = None,
     csv: bool = False,
+    parameters: tuple[dict[str, Any], ...] = (),
     **kwargs: Any,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Register an endpoint that needs a token, with its contract in the OpenAPI document: the
-    bearer security, the refusals, and (read by the endpoint itself) a JSON ``body`` and the
-    ``format`` parameter."""
+    bearer security, the refusals, and (read by the endpoint itself) a JSON ``body``, the
+    ``format`` parameter and other ``parameters``."""
     extra: dict[str, Any] = {"security": _SECURITY}
     if body is not None:
         extra["requestBody"] = _body(body)
-    if csv:
-        extra["parameters"] = [_FORMAT]
+    if csv or parameters:
+        extra["parameters"] = [*parameters, *([_FORMAT] if csv else [])]
     responses: dict[int | str, dict[str, Any]] = dict(_REFUSALS)
     if csv:
         responses[200] = {"content": {"text/csv": {}}}
@@ -276,6 +282,12 @@ async def query(request: Request) -> Response:
     result = await service.in_session(
         identity,
         lambda s: s.execute(body.sql, dialect=body.dialect, **body.options()),
+    )
+    note(
+        request.scope,
+        epsilon=result.epsilon,
+        delta=result.delta,
+        ledger_entry=result.ledger_entry,
     )
     if as_csv:
         return _csv(*result.interval_table())
@@ -312,6 +324,7 @@ async def open_stream(request: Request) -> Response:
         identity,
         lambda s: s.open_stream(body.table, [c.spec() for c in body.columns], **body.arguments()),
     )
+    note(request.scope, epsilon=body.epsilon, delta=body.delta)
     return StrictJSONResponse(opened, status_code=201)
 
 
@@ -371,6 +384,77 @@ async def synopses(request: Request) -> Response:
     else:
         listed = await service.in_session(identity, lambda s: s.synopses())
     return StrictJSONResponse(listed)
+
+
+@_documented("GET", "/v1/schema", response_model=models.SchemaResponse, tags=["analyst", "auditor"])
+async def schema(request: Request) -> Response:
+    """The tables the caller may query (the policy's tables and public tables, nothing else):
+    columns and database types, privacy units, contribution bounds, public keys, bounds, key
+    domains, the dataset's query defaults, and the caller's budget (an auditor: the dataset's).
+    Reads no row and charges nothing."""
+    service, identity = _identify(request, None)
+    if identity.role == "auditor":
+
+        def described() -> dict[str, Any]:
+            report = database_budget(service.database)
+            dataset = report.model_copy(
+                update={"lines": [line for line in report.lines if line.scope == "dataset"]}
+            )
+            name = dataset.lines[0].name
+            policy = policy_of(service.database)
+            return describe_schema(policy, service.runner.backend(), dataset=name, budget=dataset)
+
+        shown = await service.in_thread(described)
+    else:
+        shown = await service.in_session(identity, lambda s: s.schema())
+    return StrictJSONResponse(shown)
+
+
+_NO_ANSWER = "ledger entry {seq} has no stored answer of yours"
+
+
+_SEQ = {
+    "name": "seq",
+    "in": "path",
+    "required": True,
+    "description": "the ledger entry that paid for the answer",
+    "schema": {"type": "integer", "minimum": 1},
+}
+
+
+@_documented(
+    "GET",
+    "/v1/results/{seq}",
+    response_model=models.QueryResponse,
+    csv=True,
+    parameters=(_SEQ,),
+    tags=["analyst"],
+)
+async def stored_result(request: Request) -> Response:
+    """The answer released under the caller's ledger entry `seq` again, for free (no charge,
+    no new entry). 404, in the same words, for an entry without a stored answer and for another
+    analyst's."""
+    service, identity = _identify(request, "analyst")
+    text = request.path_params["seq"]
+    if not (text.isascii() and text.isdigit()) or int(text) < 1:
+        raise _invalid_parameter(
+            "seq", f"a ledger entry number is a positive integer, got {text!r}"
+        )
+    seq = int(text)
+    as_csv = _wants_csv(request)
+
+    def fetch(session: Session) -> Any:
+        try:
+            return session.result(seq)
+        except ParameterError:
+            return None
+
+    result = await service.in_session(identity, fetch)
+    if result is None:
+        raise ServiceError(_NO_ANSWER.format(seq=seq), status=404)
+    if as_csv:
+        return _csv(*result.interval_table())
+    return StrictJSONResponse(result.to_dict())
 
 
 @_documented("GET", "/v1/me", response_model=models.Me, tags=["session"])
@@ -485,6 +569,9 @@ def create_app(settings: ServerSettings) -> FastAPI:
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(Exception, _defect)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes, too_large=_too_large)
+    if settings.access_log is not None:
+        # Outermost of the application's layers, so that every refusal is logged too.
+        app.add_middleware(AccessLog, path=settings.access_log)
     return app
 
 

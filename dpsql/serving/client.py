@@ -1,7 +1,8 @@
 """The remote connection: the analyst surface of a ``Session``, over HTTP.
 
 ``dpsql.connect("http://host:8765", token=...)`` returns a ``RemoteSession`` with the same
-``execute``, ``explain``, ``open_stream``, ``budget``, ``ledger`` and ``synopses``, the same result
+``execute``, ``explain``, ``open_stream``, ``result``, ``schema``, ``budget``, ``ledger`` and
+``synopses``, the same result
 types, and the same exception classes (rebuilt from the service's problem documents).
 """
 
@@ -175,6 +176,17 @@ class RemoteSession:
             **{k: v for k, v in given.items() if v is not None},
         }
         return self._call("POST", "/v1/streams", body)
+
+    def result(self, seq: int) -> QueryResult:
+        """The answer this analyst paid for under ledger entry ``seq``, again, for free."""
+        if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
+            raise ParameterError(f"a ledger entry number is a positive integer, got {seq!r}")
+        return QueryResult.from_dict(self._call("GET", f"/v1/results/{seq}"))
+
+    def schema(self) -> dict[str, Any]:
+        """The tables this analyst may query, their columns, types and rules, the dataset's
+        query defaults and this analyst's budget (``Session.schema``)."""
+        return self._call("GET", "/v1/schema")
 
     def budget(self) -> BudgetReport:
         """Cap, spent and remaining: the dataset and this analyst (all analysts for an auditor)."""

@@ -36,6 +36,7 @@ class ServerSettings(BaseModel):
     rate_per_minute: int = Field(600, ge=1, description="requests per token per minute")
     query_timeout: float = Field(60.0, gt=0, description="seconds a request may wait and run")
     verify_every: float = Field(60.0, ge=0, description="seconds between checks of the chain")
+    access_log: str | None = Field(None, description="file of the access log (JSON lines)")
 
 
 class RateLimiter:

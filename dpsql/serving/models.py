@@ -12,12 +12,19 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from dpsql.engine.choices import MECHANISM_NAMES, STREAM_MECHANISMS
+from dpsql.engine.results import BudgetStatus
 
 __all__ = [
     "ExplainResponse",
     "Me",
+    "PublicColumn",
+    "PublicTable",
     "QueryRequest",
     "QueryResponse",
+    "SchemaColumn",
+    "SchemaDataset",
+    "SchemaResponse",
+    "SchemaTable",
     "StreamColumnRequest",
     "StreamRequest",
     "VerifyResponse",
@@ -158,3 +165,73 @@ class Me(BaseModel):
 
     name: str
     role: Literal["analyst", "auditor"]
+
+
+class SchemaColumn(BaseModel):
+    """A column of a policy table: its database type and what the policy lets a query do
+    with it."""
+
+    name: str
+    type: str = Field(description="the database's type name, e.g. BIGINT, VARCHAR")
+    bounds: list[float] | None = Field(description="[low, high]: SUM/AVG clamp to it")
+    public_keys: list[str | int | float | bool] | None = Field(
+        description="GROUP BY answers every one of these keys"
+    )
+    key_domain: Literal["hash64"] | list[int] | None = Field(
+        description="public key domain of a GROUP BY without public keys"
+    )
+    auto_bounds: Literal["nonnegative", "symmetric"] | None = Field(
+        description="SUM/AVG without bounds choose them privately"
+    )
+
+
+class SchemaTable(BaseModel):
+    """A table of the policy: its privacy unit, contribution bounds and columns."""
+
+    name: str
+    privacy_unit: str
+    max_groups_per_unit: int
+    max_rows_per_group: int
+    max_rows_per_unit: int
+    partition_column: str | None
+    columns: list[SchemaColumn]
+
+
+class PublicColumn(BaseModel):
+    """A column of a public table."""
+
+    name: str
+    type: str
+
+
+class PublicTable(BaseModel):
+    """A table whose contents are public (e.g. ranges to join)."""
+
+    name: str
+    description: str
+    columns: list[PublicColumn]
+
+
+class SchemaDataset(BaseModel):
+    """The dataset's name and the defaults a query takes from the policy."""
+
+    name: str
+    default_query_epsilon: float | None
+    default_query_delta: float
+    confidence: float = Field(description="level of the reported intervals")
+    composition: str
+    period: str
+    share_synopses: bool
+
+
+class SchemaResponse(BaseModel):
+    """What the caller may query: the policy's tables and public tables (no other table
+    appears), the dataset's query defaults, and the caller's budget lines."""
+
+    dataset: SchemaDataset
+    tables: list[SchemaTable]
+    public_tables: list[PublicTable]
+    budget: list[BudgetStatus] = Field(
+        description="the caller's lines of `GET /v1/budget` (an auditor: the dataset's)"
+    )
+    example_query: str | None = Field(description="a first query over the first policy table")

@@ -79,12 +79,17 @@ class EngineRunner:
             self._backend.close()
             self._backend = None
 
+    def backend(self) -> DuckDBBackend:
+        """The worker's backend, opened from the policy in force; call it on the engine thread
+        (inside ``run``'s work)."""
+        if self._backend is None:
+            self._backend = DuckDBBackend.for_policy(self.database, show_policy(self.database))
+        return self._backend
+
     def _session(self, analyst: str) -> Session:
         session = self._sessions.get(analyst)
         if session is None:
-            if self._backend is None:
-                self._backend = DuckDBBackend.for_policy(self.database, show_policy(self.database))
-            session = Session(self.database, analyst=analyst, backend=self._backend)
+            session = Session(self.database, analyst=analyst, backend=self.backend())
             self._sessions[analyst] = session
         return session
 

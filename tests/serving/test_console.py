@@ -55,12 +55,7 @@ def test_analyst_signs_in_previews_runs_and_sees_the_chart(
     sync_api.expect(page.locator("#chart rect.bar")).to_have_count(5)
     sync_api.expect(page.locator("#chart line.error-bar")).to_have_count(15)
     sync_api.expect(page.locator("#results tbody tr")).to_have_count(5)
-    assert page.locator("#results th").all_text_contents() == [
-        "country",
-        "requests",
-        "requests_low",
-        "requests_high",
-    ]
+    assert page.locator("#results th").all_text_contents() == ["country", "n", "n_low", "n_high"]
     sync_api.expect(page.locator("#result-meta")).to_contain_text("95% intervals")
     page.wait_for_function(
         "before => Number(document.querySelector("
@@ -80,6 +75,40 @@ def test_analyst_signs_in_previews_runs_and_sees_the_chart(
     assert errors == []
 
 
+def test_schema_panel_prefills_and_inserts_columns(browser, server: Server) -> None:
+    page = browser.new_page(viewport={"width": 1100, "height": 1300})
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    sign_in(page, server, server.bob)
+    table = page.locator('#schema .table[data-table="requests"]')
+    sync_api.expect(table).to_contain_text("privacy unit user_id")
+    sync_api.expect(table).to_contain_text("country: public keys DK, NO, SE, FI, IS")
+    sync_api.expect(table).to_contain_text("bytes: bounds [0, 100000]")
+    assert page.locator("#schema .table").count() == 1  # the policy's tables only
+    assert page.locator("#schema-defaults").text_content().startswith("Dataset demo: default ε 0.5")
+    # pre-filled from the first policy table, with the policy's default epsilon
+    expected = "SELECT country, COUNT(*) AS n FROM requests GROUP BY country"
+    assert page.input_value("#sql") == expected
+    assert page.input_value("#epsilon") == "0.5"
+    # the cost preview shows the expected error EXPLAIN reports
+    explained = server.call(
+        "POST", "/v1/explain", server.bob, json={"sql": expected, "epsilon": 0.5}
+    ).json()
+    half = explained["expected_error"]["n"]
+    sync_api.expect(page.locator("#cost")).to_contain_text(
+        f"Expected error (95% interval): n ±{float(f'{half:.6g}'):g}"
+    )
+    # a click inserts a name at the cursor; the preview follows the edited query
+    page.fill("#sql", "SELECT SUM() AS total FROM ")
+    page.locator("#sql").evaluate("editor => editor.setSelectionRange(11, 11)")
+    table.locator('button.column[data-insert="bytes"]').click()
+    page.locator("#sql").evaluate("editor => editor.setSelectionRange(editor.value.length, 1e9)")
+    table.locator('button.column[data-insert="requests"]').click()
+    assert page.input_value("#sql") == "SELECT SUM(bytes) AS total FROM requests"
+    sync_api.expect(page.locator("#cost")).to_contain_text("Expected error (95% interval): total ±")
+    assert errors == []
+
+
 def test_a_bad_token_is_refused(browser, server: Server) -> None:
     page = browser.new_page()
     page.goto(server.url)
@@ -93,6 +122,7 @@ def test_auditor_sees_everything_and_verifies(browser, server: Server) -> None:
     page = browser.new_page()
     sign_in(page, server, server.auditor)
     assert page.locator("#query-panel").is_hidden()
+    sync_api.expect(page.locator('#schema .table[data-table="requests"]')).to_have_count(1)
     sync_api.expect(page.locator('#budget .gauge[data-scope="analyst"]')).to_have_count(2)
     sync_api.expect(page.locator("#ledger tbody tr").last).to_contain_text("policy")
     page.click("#verify")

@@ -4,7 +4,7 @@
 
 const STORAGE_KEY = "dpsql-token";
 const SVG = "http://www.w3.org/2000/svg";
-const state = { token: null, me: null, previewTimer: null, previewSeq: 0 };
+const state = { token: null, me: null, schema: null, previewTimer: null, previewSeq: 0 };
 const $ = (id) => document.getElementById(id);
 
 async function api(method, path, body) {
@@ -74,8 +74,85 @@ async function signIn(token) {
   $("who").hidden = $("sign-out").hidden = false;
   $("signin").hidden = true;
   $("app").hidden = false;
-  await Promise.all([refreshBudget(), refreshLedger()]);
+  await Promise.all([refreshSchema(), refreshBudget(), refreshLedger()]);
   if (state.me.role === "analyst") schedulePreview(0);
+}
+
+// Schema: the tables the policy exposes; a click on a column inserts it into the editor --------
+function identifier(name) {
+  return /^[A-Za-z_][A-Za-z0-9_]*$/.test(name) ? name : `"${name.replaceAll('"', '""')}"`;
+}
+
+function insertIntoEditor(text) {
+  const editor = $("sql");
+  const start = editor.selectionStart ?? editor.value.length;
+  const end = editor.selectionEnd ?? start;
+  editor.setRangeText(text, start, end, "end");
+  editor.focus();
+  schedulePreview();
+}
+
+function columnRules(column) {
+  const rules = [];
+  if (column.bounds) rules.push(`bounds [${column.bounds.map(format).join(", ")}]`);
+  if (column.public_keys) rules.push(`public keys ${column.public_keys.map(format).join(", ")}`);
+  if (column.key_domain) rules.push(`key domain ${JSON.stringify(column.key_domain)}`);
+  if (column.auto_bounds) rules.push(`automatic bounds (${column.auto_bounds})`);
+  return rules.join("; ");
+}
+
+function tableBlock(table, title, rules) {
+  const block = element("div", undefined, "table");
+  block.dataset.table = table.name;
+  const heading = element("h3");
+  const name = element("button", table.name, "column");
+  name.dataset.insert = identifier(table.name);
+  name.title = "insert the table's name";
+  heading.append(name, element("span", title, "muted"));
+  block.appendChild(heading);
+  if (rules) block.appendChild(element("div", rules, "rules muted"));
+  const columns = element("div");
+  for (const column of table.columns) {
+    const button = element("button", column.name, "column");
+    button.type = "button";
+    button.dataset.insert = identifier(column.name);
+    button.appendChild(element("span", column.type, "type"));
+    const described = column.public_keys !== undefined ? columnRules(column) : "";
+    button.title = described || column.type;
+    columns.appendChild(button);
+  }
+  block.appendChild(columns);
+  return block;
+}
+
+async function refreshSchema() {
+  try {
+    const schema = await api("GET", "/v1/schema");
+    state.schema = schema;
+    const box = $("schema");
+    box.replaceChildren();
+    for (const table of schema.tables) {
+      const rules =
+        `privacy unit ${table.privacy_unit}; per unit at most ${table.max_groups_per_unit} groups, ` +
+        `${table.max_rows_per_group} rows per group, ${table.max_rows_per_unit} rows` +
+        (table.partition_column ? `; partitioned by ${table.partition_column}` : "");
+      const described = table.columns.map((c) => [c.name, columnRules(c)]).filter(([, r]) => r);
+      const detail = described.map(([name, r]) => `${name}: ${r}`).join(" · ");
+      box.appendChild(tableBlock(table, ` ${rules}`, detail));
+    }
+    for (const table of schema.public_tables) {
+      box.appendChild(tableBlock(table, ` public table${table.description ? `: ${table.description}` : ""}`));
+    }
+    const dataset = schema.dataset;
+    const epsilon = dataset.default_query_epsilon;
+    $("schema-defaults").textContent =
+      `Dataset ${dataset.name}: default ε ${epsilon === null ? "none (give one per query)" : format(epsilon)}, ` +
+      `${Math.round(dataset.confidence * 100)}% intervals. Click a name to insert it into the query.`;
+    if ($("sql").value.trim() === "" && schema.example_query) $("sql").value = schema.example_query;
+    if ($("epsilon").value === "" && epsilon !== null) $("epsilon").value = String(epsilon);
+  } catch (error) {
+    showError(error);
+  }
 }
 
 function signOut() {
@@ -113,6 +190,12 @@ async function preview() {
         `${budget.scope} ${budget.name}: ε ${format(budget.epsilon_remaining)} remaining, ` +
           `${format(Math.max(after, 0))} after.`,
       );
+    }
+    const errors = Object.entries(report.expected_error || {});
+    if (errors.length) {
+      const level = Math.round((state.schema ? state.schema.dataset.confidence : 0.95) * 100);
+      const shown = errors.map(([name, half]) => `${name} ±${half === null ? "depends on the data" : format(half)}`);
+      parts.push(`Expected error (${level}% interval): ${shown.join(", ")}.`);
     }
     if (exceeds) parts.push("This query exceeds the remaining budget and would be refused.");
     line.textContent = parts.join(" ");
@@ -298,6 +381,10 @@ document.addEventListener("DOMContentLoaded", () => {
   $("run").addEventListener("click", run);
   $("refresh-ledger").addEventListener("click", () => Promise.all([refreshLedger(), refreshBudget()]));
   $("verify").addEventListener("click", verify);
+  $("schema").addEventListener("click", (event) => {
+    const button = event.target.closest("button[data-insert]");
+    if (button && state.me && state.me.role === "analyst") insertIntoEditor(button.dataset.insert);
+  });
   for (const id of ["sql", "epsilon", "delta", "mechanism"]) {
     $(id).addEventListener("input", () => schedulePreview());
   }
