@@ -6,9 +6,13 @@ so the half-width of its interval at a confidence level is known from the plan a
 uses. That is the *expected error* dpsql prints and the quantity an accuracy target bounds
 ("±50 at 95%": every group's interval half-width is at most 50).
 
-An ``AVG`` is a ratio of two noisy values; its error depends on the count, which is data, so no
-target can be promised for it. Neither can it be for a SUM whose bounds are chosen privately at
-run time (automatic bounds). Such outputs have ``None`` as their error.
+An ``AVG`` is a ratio of two noisy values; its error depends on the count, which is data. Given a
+public guess of the count (``OPTIONS(expected_count=N)`` or the policy's ``expected_rows``), its
+expected error is a conservative bound that holds whenever each group averages at least that
+many rows (``dpsql.engine.plans.base.average_error``); without one it has none. Nor has a SUM
+whose bounds are chosen privately at run time (automatic bounds). Such outputs have ``None`` as
+their error. ``OPTIONS(simultaneous=true)`` makes a target hold for every cell of the answer at
+once (``dpsql.engine.query.cell_confidence``).
 """
 
 from __future__ import annotations
@@ -65,8 +69,10 @@ def plan_error(plan: QueryPlan, column: str | None, confidence: float | None = N
     if unknown:
         raise ParameterError(
             f"the error of {', '.join(map(repr, unknown))} depends on the data (an AVG is a "
-            "ratio of noisy values; automatically bounded sums get their bounds at run time): "
-            "no accuracy can be promised for it before the data is read; give an epsilon instead"
+            "ratio of noisy values whose error depends on its count: state a public guess with "
+            "OPTIONS(expected_count=N) or the table's expected_rows in the policy; automatically "
+            "bounded sums get their bounds at run time): no accuracy can be promised for it "
+            "before the data is read; give an epsilon instead"
         )
     return max(error for error in chosen.values() if error is not None)
 

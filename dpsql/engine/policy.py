@@ -187,6 +187,13 @@ class TablePolicy(_Frozen):
         description="a fixed attribute of each unit; disjoint values compose in parallel",
     )
     columns: dict[Name, ColumnPolicy] = Field(default_factory=dict)
+    expected_rows: int | None = Field(
+        default=None,
+        ge=1,
+        le=10**15,
+        description="a public guess of the rows an AVG averages over (a query may state its own "
+        "with OPTIONS(expected_count=...)): gives AVG an expected error and accuracy targets",
+    )
     source: str | None = Field(
         default=None,
         min_length=1,

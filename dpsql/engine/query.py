@@ -22,18 +22,21 @@ from dpsql.engine.accuracy import accuracy_details, accuracy_target, with_confid
 from dpsql.engine.backends import Backend
 from dpsql.engine.literals import Binder, BoundShape
 from dpsql.engine.planner import QueryPlan, plan_query
+from dpsql.engine.plans.laplace import Laplace
 from dpsql.engine.policy import Policy
 from dpsql.errors import FAILED_AFTER_CHARGE, ExecutionError, ParameterError, UnsupportedQueryError
 from dpsql.sql.analyze import analyze
 from dpsql.sql.generate import ranges_per_group
 from dpsql.sql.parse import parse, refusing_deep_recursion
-from dpsql.sql.shape import QueryShape
+from dpsql.sql.shape import GroupKey, QueryShape
 
 __all__ = [
     "BoundQuery",
     "Budget",
     "after_charge",
     "bind",
+    "cell_confidence",
+    "cells",
     "check_ranges",
     "planner",
     "public_keys",
@@ -179,11 +182,12 @@ def planner(
     """
     policy = with_confidence(policy, bound.shape.options)
     keys = public_keys(bound.shape, policy, binder)
+    simultaneous = bool(bound.shape.options.get("simultaneous"))
 
-    def plan_at(epsilon: float) -> QueryPlan:
+    def plan_at(epsilon: float, level: Policy = policy) -> QueryPlan:
         return plan_query(
             bound.shape,
-            policy,
+            level,
             epsilon=epsilon,
             delta=delta,
             mechanism=mechanism,
@@ -192,16 +196,54 @@ def planner(
             partition=bound.partition,
         )
 
-    return plan_at
+    def plan_together(epsilon: float) -> QueryPlan:
+        plan = plan_at(epsilon)
+        cell = cell_confidence(plan, policy.dataset.confidence)
+        dataset = policy.dataset.model_copy(update={"confidence": cell})
+        return plan_at(epsilon, policy.model_copy(update={"dataset": dataset}))
+
+    return plan_together if simultaneous else plan_at
+
+
+def cells(plan: QueryPlan) -> int:
+    """The intervals an answer states: one per group and noisy output."""
+    outputs = sum(1 for output in plan.shape.outputs if not isinstance(output, GroupKey))
+    return plan.groups * outputs
+
+
+def cell_confidence(plan: QueryPlan, confidence: float) -> float:
+    """The level of each interval such that all of an answer's intervals hold at once with
+    probability at least ``confidence`` (a union bound over ``cells(plan)``: Bonferroni). Only
+    answers over public groups state their cells before the data is read.
+
+    >>> round(1 - (1 - 0.95) / 10, 6)
+    0.995
+    """
+    if not isinstance(plan.family, Laplace):
+        raise ParameterError(
+            "simultaneous=true needs an answer whose cells are known before the data is read: "
+            "COUNT, SUM or AVG over public keys with declared bounds"
+        )
+    return 1 - (1 - confidence) / max(1, cells(plan))
 
 
 def summary(plan: QueryPlan, shape: QueryShape, accuracy: float | None) -> dict[str, Any]:
     """The plan as EXPLAIN and the ledger show it, with the accuracy target when one chose the
     epsilon."""
     target = accuracy_target(accuracy, shape.options, None)
+    shown = plan.summary()
+    if shape.options.get("simultaneous"):
+        shown["simultaneous"] = {
+            "cells": cells(plan),
+            "confidence": 1 - (1 - plan.confidence) * cells(plan),
+            "cell_confidence": plan.confidence,
+            "rule": "every interval of the answer holds at once with probability at least the "
+            "table's confidence: each cell's level is 1 - (1 - confidence) / cells (a union "
+            "bound)",
+        }
     if target is None:
-        return plan.summary()
-    return {**plan.summary(), "accuracy": accuracy_details(plan, target)}
+        return shown
+    return {**shown, "accuracy": accuracy_details(plan, target)}
 
 
 def after_charge(work: Callable[[], T]) -> T:

@@ -39,6 +39,8 @@ OPTION_TYPES: Mapping[str, type] = {
     "accuracy": float,
     "confidence": float,
     "quantile_candidates": float,
+    "simultaneous": bool,
+    "expected_count": float,
 }
 """Options accepted in ``WITH DIFFERENTIAL_PRIVACY OPTIONS(...)``, with their types."""
 
@@ -139,6 +141,8 @@ def _option_value(tokens: list[Token], index: int, text: str) -> tuple[Any, int]
             pass
     elif token.token_type == TokenType.STRING and sign == 1:
         return token.text, index + 1
+    elif token.token_type in (TokenType.TRUE, TokenType.FALSE) and sign == 1:
+        return token.token_type == TokenType.TRUE, index + 1
     line, column = _line_column(text, token.start)
     raise SqlSyntaxError(
         f"expected a number or string in OPTIONS, got {token.text!r}", line=line, column=column
@@ -183,6 +187,9 @@ def _lift_dp_clause(text: str, tokens: list[Token]) -> tuple[str, dict[str, Any]
                     f"expected '=' after option {name!r}", line=line, column=column
                 )
             value, i = _option_value(tokens, i + 2, text)
+            if (OPTION_TYPES[name] is bool) != isinstance(value, bool):
+                kind = "TRUE or FALSE" if OPTION_TYPES[name] is bool else "a number or string"
+                raise ParameterError(f"option {name} must be {kind}, got {value!r}")
             try:
                 options[name] = OPTION_TYPES[name](value)
             except (TypeError, ValueError):

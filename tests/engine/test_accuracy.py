@@ -144,3 +144,97 @@ def test_end_to_end_answers_are_within_the_target_at_the_confidence(db: Path, rn
             result = session.execute(COUNT, accuracy=30)
             hits += [abs(n - TRUE[g]) <= 30 for g, n in result.rows]
     assert np.mean(hits) >= 0.95 - 0.027
+
+
+def _average_frame() -> pd.DataFrame:
+    rng = np.random.default_rng(11)
+    keys = np.repeat(GROUPS, [TRUE[g] for g in GROUPS])
+    return pd.DataFrame(
+        {"uid": np.arange(len(keys)), "g": keys, "v": rng.uniform(0, 10, len(keys)), "w": 1.0}
+    )
+
+
+def test_an_average_has_an_expected_error_from_a_public_count_guess(tmp_path: Path) -> None:
+    """AVG with OPTIONS(expected_count=N): a numeric expected error in EXPLAIN; accuracy-first
+    answers within the target in at least 90% of seeded runs when the count is at least N. The
+    broken twin (the count's noise left out of the bound) states a smaller error that the
+    answers miss more often."""
+    from dpsql.engine.plans import base
+
+    database = make_database(tmp_path / "avg.duckdb", {"t": _average_frame()}, POLICY)
+    truth = float(_average_frame()["v"].mean())
+    sql = (
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(accuracy=0.25, expected_count=1000) "
+        "AVG(v) AS m FROM t"
+    )
+
+    def hits(runs: int) -> tuple[float, float]:
+        inside = 0
+        for seed in range(runs):
+            with seeded_connect(database, analyst="ann", rng=np.random.default_rng(seed)) as db:
+                result = db.execute(sql)
+            inside += abs(result.rows[0][0] - truth) <= 0.25
+        with seeded_connect(database, analyst="ann", rng=np.random.default_rng(0)) as db:
+            epsilon = db.explain(sql)["cost"]["epsilon"]
+        return inside / runs, epsilon
+
+    with seeded_connect(database, analyst="ann", rng=np.random.default_rng(0)) as db:
+        shown = db.explain(sql)
+    assert 0 < shown["expected_error"]["m"] <= 0.25
+    covered, epsilon = hits(60)
+    assert covered >= 0.9, covered
+    original = base.average_error
+
+    def without_the_count(plan, column, level):  # twin: pretends the count is exact
+        sums = [m for m in plan.measurements if m.measure.kind.value == "sum"]
+        total = next(m for m in sums if m.measure.column == column)
+        half = float(base.interval_half_width(total.scale, (1 + level) / 2)) * total.grid
+        return half / base.count_guess(plan)[0]
+
+    try:
+        base.average_error = without_the_count
+        twin_covered, twin_epsilon = hits(60)
+    finally:
+        base.average_error = original
+    assert twin_epsilon < epsilon and twin_covered < covered
+
+
+def test_a_simultaneous_target_holds_for_the_whole_table(db: Path) -> None:
+    """OPTIONS(simultaneous=true): every cell within ±accuracy at once in at least 90% of seeded
+    runs (the per-cell level is split across the cells); the twin without it (each cell at the
+    table's level) misses whole tables more often."""
+
+    def whole_tables(options: str, runs: int = 80) -> float:
+        sql = (
+            f"SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS({options}) g, COUNT(*) AS n FROM t "
+            "GROUP BY g"
+        )
+        met = 0
+        for seed in range(runs):
+            with seeded_connect(db, analyst="ann", rng=np.random.default_rng(seed)) as session:
+                rows = session.execute(sql).rows
+            met += all(abs(n - TRUE[g]) <= 10 for g, n in rows)
+        return met / runs
+
+    together = whole_tables("accuracy=10, simultaneous=true")
+    apart = whole_tables("accuracy=10")
+    assert together >= 0.9, together
+    assert apart < together, (apart, together)
+    with seeded_connect(db, analyst="ann", rng=np.random.default_rng(1)) as session:
+        plan = session.explain(
+            "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(accuracy=10, simultaneous=true) "
+            "g, COUNT(*) AS n FROM t GROUP BY g"
+        )["plan"]
+    assert plan["simultaneous"]["cells"] == 4
+    assert plan["simultaneous"]["cell_confidence"] == pytest.approx(1 - 0.05 / 4)
+
+
+def test_simultaneous_targets_need_cells_known_before_the_data(db: Path) -> None:
+    with (
+        seeded_connect(db, analyst="ann", rng=np.random.default_rng(1)) as session,
+        pytest.raises(ParameterError, match="cells are known"),
+    ):
+        session.explain(
+            "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, simultaneous=true) "
+            "MEDIAN(v) AS m FROM t"
+        )

@@ -52,8 +52,19 @@ def test_options_are_floats_even_when_written_as_integers_or_strings() -> None:
         "accuracy",
         "confidence",
         "quantile_candidates",
+        "simultaneous",
+        "expected_count",
     }
     assert parse(f"{DP}(mechanism='alp') COUNT(*) FROM t").options == {"mechanism": "alp"}
+
+
+def test_a_boolean_option_takes_true_or_false_only() -> None:
+    assert parse(f"{DP}(simultaneous=TRUE) COUNT(*) FROM t").options == {"simultaneous": True}
+    for value in ("1", "'true'"):
+        with pytest.raises(ParameterError, match="simultaneous must be TRUE or FALSE"):
+            parse(f"{DP}(simultaneous={value}) COUNT(*) FROM t")
+    with pytest.raises(ParameterError, match="accuracy must be a number"):
+        parse(f"{DP}(accuracy=true) COUNT(*) FROM t")
 
 
 @pytest.mark.parametrize(

@@ -10,6 +10,7 @@ the one place that picks a family.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import TYPE_CHECKING, Any
@@ -36,6 +37,8 @@ __all__ = [
     "MECHANISM",
     "Family",
     "MeasurementPlan",
+    "average_error",
+    "count_guess",
     "key_literal",
     "laplace_leaves",
     "literal_text",
@@ -134,6 +137,48 @@ def laplace_leaves(plan: QueryPlan, *, auto: bool = False) -> tuple[MechanismEve
     )
 
 
+def count_guess(plan: QueryPlan) -> tuple[float, str] | None:
+    """The public guess of the rows an AVG averages over, and where it comes from: the query's
+    ``OPTIONS(expected_count=...)``, else the policy's ``expected_rows`` (None: no guess)."""
+    given = plan.shape.options.get("expected_count")
+    if given is not None:
+        if not (math.isfinite(given) and given >= 1):
+            raise ParameterError(f"expected_count must be a number >= 1, got {given:g}")
+        return float(given), "OPTIONS(expected_count)"
+    if plan.table.expected_rows is not None:
+        return float(plan.table.expected_rows), f"[tables.{plan.shape.table}] expected_rows"
+    return None
+
+
+def average_error(plan: QueryPlan, column: str | None, level: float) -> float | None:
+    """The expected error of ``AVG(column)`` at ``level`` if each group averages at least the
+    guessed count ``n`` of rows (``count_guess``), else None.
+
+    The answer is S/C with S and C the noisy sum and count, each within its half-width h_s, h_c
+    at level (1 + level)/2 (as the answer's own interval: a union bound), and clamped to the
+    bounds [low, high]. With the true sum s and count c >= n > h_c, and |s/c| <= M = max(|low|,
+    |high|): |(s + a)/(c + b) - s/c| = |a - b s/c| / (c + b) <= (h_s + M h_c) / (n - h_c); and never
+    more than high - low (the clamp). A conservative bound from the noise laws and public values.
+    """
+    guess = count_guess(plan)
+    if guess is None:
+        return None
+    n = guess[0]
+    sums = [m for m in plan.measurements if m.measure.kind is MeasureKind.SUM]
+    counts = [m for m in plan.measurements if m.measure.kind is MeasureKind.COUNT]
+    total = next(m for m in sums if m.measure.column == column)
+    rows = next(m for m in counts if m.measure.column == column and m.measure.clamp is not None)
+    assert total.measure.clamp is not None
+    low, high, _ = total.measure.clamp
+    widest = high - low
+    half = (1 + level) / 2
+    h_sum = float(interval_half_width(total.scale, half)) * total.grid
+    h_count = float(interval_half_width(rows.scale, half)) * rows.grid
+    if n <= h_count:
+        return widest
+    return min((h_sum + max(abs(low), abs(high)) * h_count) / (n - h_count), widest)
+
+
 @dataclass(frozen=True)
 class Family:
     """A mechanism family's privacy map and release. The defaults are those of discrete-Laplace
@@ -212,8 +257,10 @@ class Family:
         self, plan: QueryPlan, kind: AggregateKind, column: str | None, level: float
     ) -> float | None:
         """Half-width of an output's interval at ``level`` (None where it depends on the data)."""
-        if kind in (AggregateKind.AVG, AggregateKind.QUANTILE):
-            return None  # a ratio of noisy values, or a chosen value: the error depends on data
+        if kind is AggregateKind.AVG:
+            return average_error(plan, column, level)
+        if kind is AggregateKind.QUANTILE:
+            return None  # a chosen value: its error is a rank error (see the plan's quantiles)
         for m in plan.measurements:
             is_sum = m.measure.kind is MeasureKind.SUM
             if m.measure.column == column and is_sum == (kind is AggregateKind.SUM) and (
