@@ -286,12 +286,11 @@ def _engine(database: Path, table: pd.DataFrame, args) -> None:
             desk._selected(shape, tree_stream)
             desk._trees[tree_stream.key].answer_cells(desk._selected(shape, tree_stream), 0.95)
         answer_cpu = 1000 * (time.process_time() - start) / len(bound)
-        raw = duckdb.connect(str(database), read_only=True)
+        raw = session.backend._connection  # the session's own DuckDB connection
         start = time.process_time()
         for sql in ranges:
             raw.execute(sql).fetchall()
         duck_cpu = 1000 * (time.process_time() - start) / len(ranges)
-        raw.close()
         fresh = _median_ms(
             [lambda s=s: session.execute(s, mechanism="laplace", epsilon=0.01) for s in ranges]
         )
