@@ -39,15 +39,17 @@ ALP_ROWS_PER_KEY = sketch_split.ROWS_PER_KEY
 """Sketch rows per expected key: collision probability about 0.1 (the paper's Fig. 3 setting)."""
 
 
-def _aligned(plan: QueryPlan, frame: pd.DataFrame) -> tuple[pd.DataFrame, list[tuple]]:
-    """True aggregates for every public key combination (absent keys count zero), matched on
-    the database's own spelling of each key (the generated SQL returns keys as text)."""
+def _aligned(plan: QueryPlan, frame: pd.DataFrame) -> tuple[dict[str, np.ndarray], list[tuple]]:
+    """True aggregates (int64 arrays by measure name) for every public key combination (absent
+    keys count zero), matched on the database's own spelling of each key (the generated SQL
+    returns keys as text)."""
     group_by = list(plan.shape.group_by)
     names = [m.measure.name for m in plan.measurements]
     if not group_by:
         if frame.empty:
-            frame = pd.DataFrame({n: [0] for n in names})
-        return frame[names].astype("int64"), [()]
+            return {n: np.zeros(1, dtype=np.int64) for n in names}, [()]
+        # Column by column: a one-row frame does not need pandas' DataFrame indexing.
+        return {n: frame[n].astype("int64").to_numpy() for n in names}, [()]
     texts = [[literal_text(v) for v in plan.key_literals[c]] for c in group_by]
     if len(texts) == 1:
         index = pd.Index(texts[0], name=group_by[0], dtype=object)
@@ -57,7 +59,7 @@ def _aligned(plan: QueryPlan, frame: pd.DataFrame) -> tuple[pd.DataFrame, list[t
     aligned = frame.set_index(group_by)[names].reindex(index, fill_value=0).astype("int64")
     shown = itertools.product(*(plan.key_domain[c] for c in group_by))
     keys = [tuple(plain(v) for v in k) for k in shown]
-    return aligned, keys
+    return {n: aligned[n].to_numpy() for n in names}, keys
 
 
 def laplace_answer(
@@ -76,7 +78,7 @@ def laplace_answer(
     scales: dict[str, float] = {}
     half_widths_for_ratio: dict[str, float] = {}
     for m in plan.measurements:
-        exact = aligned[m.measure.name].to_numpy()
+        exact = aligned[m.measure.name]
         if m.measure.kind is MeasureKind.SUM:
             release = release_grid_sums(
                 exact,

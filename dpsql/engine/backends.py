@@ -74,6 +74,8 @@ class DuckDBBackend:
     """
 
     dialect = "duckdb"
+    settings_locked = True
+    """Opened with ``lock_configuration``: no setting (time zone, collation) changes later."""
 
     def __init__(
         self,

@@ -42,9 +42,13 @@ _PROBE_STRINGS = ("B", "a", "A", "é", "e", "e\u0301", "ss", "ß", "a ", "")
 """Strings that any non-binary collation (case, accents, normalisation, ICU) groups or orders
 differently from bytewise comparison."""
 
+_SPELLED_KEPT = 100_000
+"""Converted literals a binder keeps (then it starts afresh): bounds a long session's memory."""
+
 
 class Runner(Protocol):
-    """What the binder needs from a backend (``dialect``: the SQL it runs, default DuckDB)."""
+    """What the binder needs from a backend (``dialect``: the SQL it runs, default DuckDB;
+    ``settings_locked``: True when its settings cannot change, default False)."""
 
     def run(self, sql: str) -> pd.DataFrame: ...
 
@@ -86,6 +90,11 @@ class Binder:
         self.backend = backend
         self.catalog = catalog
         self._binary: dict[tuple[str, str], bool] = {}
+        self._spelled: dict[tuple[str, str], str] = {}
+        """(type SQL, literal text) -> the backend's spelling of the converted value: a pure
+        function of the two in the database's semantics (no row is read) while the backend's
+        settings (e.g. its time zone) cannot change: kept only for a backend that says so."""
+        self._keeps = bool(getattr(backend, "settings_locked", False))
 
     def run(self, sql: str) -> pd.DataFrame:
         """Run ``sql`` (DuckDB's dialect) on the backend, transpiled to its dialect."""
@@ -101,7 +110,8 @@ class Binder:
     def convert(self, literals: Sequence[exp.Cast], what: str) -> list[exp.Cast]:
         """Each ``CAST('<text>' AS T)`` converted by the backend and re-spelled as it prints the
         value; ``UnsupportedQueryError`` (``PolicyError`` for policy values, ``what`` says which)
-        naming the first literal that does not convert exactly."""
+        naming the first literal that does not convert exactly. A (type, text) pair converted
+        before is not sent again: its spelling depends on nothing else."""
         converted: list[exp.Cast | None] = [None] * len(literals)
         by_type: dict[str, list[int]] = {}
         spellings: dict[object, str] = {}
@@ -109,7 +119,11 @@ class Binder:
             key = _type_key(literal.to)
             if key not in spellings:
                 spellings[key] = literal.to.sql(dialect="duckdb")
-            by_type.setdefault(spellings[key], []).append(index)
+            known = self._spelled.get((spellings[key], literal.this.this))
+            if known is not None:
+                converted[index] = exp.Cast(this=exp.Literal.string(known), to=literal.to.copy())
+            else:
+                by_type.setdefault(spellings[key], []).append(index)
         for type_sql, indices in by_type.items():
             target = literals[indices[0]].to
             number = "float" if _is_float(target) else "exact" if _is_exact_number(target) else ""
@@ -125,6 +139,10 @@ class Binder:
                 text = literal.this.this
                 if not isinstance(spelled, str) or not _exact(text, spelled, widened, number):
                     self._refuse(literal, text, type_sql, what)
+                if self._keeps:
+                    if len(self._spelled) >= _SPELLED_KEPT:
+                        self._spelled.clear()
+                    self._spelled[(type_sql, text)] = spelled
                 converted[int(i)] = exp.Cast(this=exp.Literal.string(spelled), to=target.copy())
         return [c for c in converted if c is not None]
 

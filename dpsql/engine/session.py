@@ -201,6 +201,7 @@ class Session:
             raise ParameterError(f"database file {str(database)!r} does not exist")
         self.rng = session_generator()
         self.ledger_store = Ledger(ledger_path(database), dataset=self.database.stem)
+        self._policy_entry = self.ledger_store.policy_entry()
         self.policy = self._load_policy()
         self.ledger_store.dataset = _dataset_name(database, self.policy)
         # The policy may point tables at Parquet/CSV files: the backend exposes exactly those.
@@ -241,8 +242,13 @@ class Session:
 
     # planning -----------------------------------------------------------------------------------
     def refresh_policy(self) -> Policy:
-        """The policy in force, read again (the administrator may have set a new one)."""
-        self.policy = self._load_policy()
+        """The policy in force (the administrator may have set a new one): read and validated
+        again only when the ledger's latest policy entry is not the one last loaded (a policy
+        entry is never changed, and the model is frozen)."""
+        entry = self.ledger_store.policy_entry()
+        if entry is None or entry != self._policy_entry:
+            self._policy_entry = entry
+            self.policy = self._load_policy()
         return self.policy
 
     def bind(self, sql: str, dialect: str | None = None) -> BoundQuery:

@@ -24,7 +24,12 @@ from dpsql.engine.choices import DEFAULT_EXPECTED_QUERIES, STREAM_MECHANISMS
 from dpsql.engine.query import visible_catalog
 from dpsql.engine.release import read
 from dpsql.engine.results import QueryResult
-from dpsql.engine.stream_sql import alignment_sql, cells_selected_sql, histogram_sql
+from dpsql.engine.stream_sql import (
+    alignment_sql,
+    cells_selected_sql,
+    cells_selected_ticks,
+    histogram_sql,
+)
 from dpsql.engine.streams import (
     KINDS,
     ColumnSpec,
@@ -56,6 +61,9 @@ if TYPE_CHECKING:
     from dpsql.engine.session import Session
 
 __all__ = ["StreamDesk", "StreamPlan", "describe_stream", "list_streams"]
+
+_SELECTED_CELLS_KEPT = 2**25
+"""Cells of kept selections a session holds at most (then it starts afresh): one byte each."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +101,8 @@ class StreamDesk:
         self._trees: dict[tuple[str, str], HierarchicalHistogram] = {}
         self._pmw: dict[tuple[str, str], OnlinePMW] = {}
         self._reserved: dict[int, str] = {}
+        self._selections: dict[tuple[tuple[StreamColumn, ...], str], np.ndarray] = {}
+        """Cells each (stream columns, bound predicate) selects (``_selected``)."""
         """The name each charge of this session reserved (by ledger entry)."""
 
     def close(self) -> None:
@@ -432,10 +442,27 @@ class StreamDesk:
         }
 
     def _selected(self, shape: QueryShape, stream: Stream) -> np.ndarray:
-        """The cells the WHERE selects, decided by DuckDB over the cells' values (no data)."""
+        """The cells the WHERE selects, decided by DuckDB over the cells' values (no data), or
+        for plain comparisons of integer ticks with bound literals without a round trip
+        (``cells_selected_ticks`` says why that is the same). A selection depends on the
+        stream's declared columns and the bound predicate only, so it is kept per (columns,
+        predicate) for the session; no data, answer or state of a stream enters it."""
         where, _ = split_where(shape.where, {c.name for c in stream.columns})
         if where is None:
             return np.ones(stream.cells, dtype=bool)
+        key = (stream.columns, where.sql(dialect="duckdb"))
+        selected = self._selections.get(key)
+        if selected is None:
+            selected = cells_selected_ticks(where, stream.columns)
+            if selected is None:
+                selected = self._selected_by_database(where, stream)
+            selected.flags.writeable = False
+            if sum(kept.size for kept in self._selections.values()) > _SELECTED_CELLS_KEPT:
+                self._selections.clear()
+            self._selections[key] = selected
+        return selected
+
+    def _selected_by_database(self, where: exp.Expression, stream: Stream) -> np.ndarray:
         for column in stream.columns:
             check = alignment_sql(where, column)
             if check is not None and not bool(self._session.backend.run(check).iloc[0, 0]):

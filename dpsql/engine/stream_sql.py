@@ -5,6 +5,7 @@ selects, evaluated by DuckDB over the cells' values (``dpsql.engine.streams`` ha
 
 from __future__ import annotations
 
+import numpy as np
 import sqlglot
 from sqlglot import exp
 
@@ -12,7 +13,7 @@ from dpsql.engine.streams import StreamColumn, ticks_sql, value_sql
 from dpsql.errors import UnsupportedQueryError
 from dpsql.sql.generate import private_rows, scoped
 
-__all__ = ["alignment_sql", "cells_selected_sql", "histogram_sql"]
+__all__ = ["alignment_sql", "cells_selected_sql", "cells_selected_ticks", "histogram_sql"]
 
 
 def _ident(name: str) -> str:
@@ -141,3 +142,111 @@ def cells_selected_sql(where: exp.Expression, columns: tuple[StreamColumn, ...])
         index = f"({index} * {column.cells} + i{i})"
     predicate = _at(where, values).sql(dialect="duckdb")
     return f"SELECT {index} AS cell FROM {sources} WHERE ({predicate})"
+
+
+_FLIPPED: dict[type, type] = {exp.LT: exp.GT, exp.LTE: exp.GTE, exp.GT: exp.LT, exp.GTE: exp.LTE}
+_COMPARE = {
+    exp.LT: np.less,
+    exp.LTE: np.less_equal,
+    exp.GT: np.greater,
+    exp.GTE: np.greater_equal,
+}
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+class _NotPlain(Exception):
+    """The WHERE is not a plain comparison of integer ticks: DuckDB decides its cells."""
+
+
+def _integer_literal(node: exp.Expression) -> int:
+    """The value of a bound literal ``CAST('<digits>' AS <integer type>)``."""
+    node = node.unnest()
+    if not (
+        isinstance(node, exp.Cast)
+        and isinstance(node.this, exp.Literal)
+        and node.this.is_string
+        and node.to.is_type(*exp.DataType.INTEGER_TYPES)
+    ):
+        raise _NotPlain
+    text = node.this.this
+    if not text.lstrip("-").isdigit() or not _INT64[0] <= int(text) <= _INT64[1]:
+        raise _NotPlain
+    return int(text)
+
+
+def cells_selected_ticks(
+    where: exp.Expression, columns: tuple[StreamColumn, ...]
+) -> np.ndarray | None:
+    """The cells ``cells_selected_sql`` selects, computed without a database round trip, or None
+    when the WHERE is not of the one form this is exact for.
+
+    The form: AND, OR, NOT and parentheses over comparisons ``<, <=, >, >=`` and ``BETWEEN`` of
+    an integer column of the stream (``kind`` "integer": its values are its ticks) with bound
+    literals, i.e. ``CAST('<digits>' AS <integer type>)`` whose text the database itself wrote
+    when it converted the analyst's literal (``dpsql.engine.literals``). Such a comparison is
+    one of two integers, both non-NULL and within 64 bits, which the database and NumPy decide
+    alike (the database widens both sides to a common integer type, exactly); with no NULL,
+    AND, OR and NOT are two-valued. Every cell is decided at its low end as in
+    ``cells_selected_sql``, and on a column with cells wider than one value each comparison must
+    agree at both ends of every cell, as ``alignment_sql`` demands (a comparison is monotone in
+    the column, so agreeing at both ends it agrees on the whole cell); a cell it splits is
+    refused with ``alignment_sql``'s message by the caller. Anything else (another kind, type or
+    operator, a function, arithmetic) returns None and DuckDB decides."""
+    by_name = {c.name: i for i, c in enumerate(columns)}
+    if any(
+        c.kind != "integer" or not (_INT64[0] <= c.low and c.high <= _INT64[1]) for c in columns
+    ):
+        return None
+    shape = [c.cells for c in columns]
+
+    def ends(name: str, end: bool) -> np.ndarray:
+        i = by_name[name]
+        column = columns[i]
+        index = np.arange(column.cells, dtype=np.int64)
+        values = column.low + index * column.width + (column.width - 1 if end else 0)
+        values = np.minimum(values, column.high)
+        return values.reshape([column.cells if k == i else 1 for k in range(len(columns))])
+
+    split: list[str] = []
+
+    def compare(kind: type, column: exp.Column, literal: exp.Expression) -> np.ndarray:
+        if column.name not in by_name:
+            raise _NotPlain
+        value = _integer_literal(literal)
+        low = _COMPARE[kind](ends(column.name, False), value)
+        if columns[by_name[column.name]].width > 1:
+            high = _COMPARE[kind](ends(column.name, True), value)
+            if not np.array_equal(low, high):
+                split.append(column.name)
+        return low
+
+    def evaluate(node: exp.Expression) -> np.ndarray:
+        node = node.unnest()
+        if isinstance(node, exp.And):
+            return evaluate(node.this) & evaluate(node.expression)
+        if isinstance(node, exp.Or):
+            return evaluate(node.this) | evaluate(node.expression)
+        if isinstance(node, exp.Not):
+            return ~evaluate(node.this)
+        if isinstance(node, exp.Between):
+            column = node.this.unnest()
+            if not isinstance(column, exp.Column) or node.args.get("symmetric") is not None:
+                raise _NotPlain
+            return compare(exp.GTE, column, node.args["low"]) & compare(
+                exp.LTE, column, node.args["high"]
+            )
+        if isinstance(node, _MONOTONE):
+            left, right = node.this.unnest(), node.expression.unnest()
+            if isinstance(left, exp.Column):
+                return compare(type(node), left, right)
+            if isinstance(right, exp.Column):
+                return compare(_FLIPPED[type(node)], right, left)
+        raise _NotPlain
+
+    try:
+        selected = np.broadcast_to(evaluate(where), shape)
+    except _NotPlain:
+        return None
+    if split:
+        return None  # DuckDB's alignment check refuses it, with its message
+    return np.ascontiguousarray(selected).ravel()

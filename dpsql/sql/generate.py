@@ -289,6 +289,8 @@ def scoped(where: exp.Expression, table: str, unit: str) -> str:
     >>> scoped(w.this, "t", "u")
     'NOT u IN (SELECT u FROM (SELECT * FROM "t" WHERE NOT "u" IS NULL) AS "t")'
     """
+    if where.find(exp.From, exp.Table) is None:  # no subquery reads a table: nothing to scope
+        return where.sql(dialect="duckdb")
     rows = sqlglot.parse_one(f"SELECT * FROM {private_rows(table, unit)}", read="duckdb")
     source = rows.args.get("from_") or rows.args.get("from")
     assert source is not None

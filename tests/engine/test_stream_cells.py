@@ -18,7 +18,12 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from dpsql.engine.literals import Binder
-from dpsql.engine.stream_sql import _cell_index, alignment_sql, cells_selected_sql
+from dpsql.engine.stream_sql import (
+    _cell_index,
+    alignment_sql,
+    cells_selected_sql,
+    cells_selected_ticks,
+)
 from dpsql.engine.streams import StreamColumn, stream_columns
 from dpsql.errors import ParameterError, UnsupportedQueryError
 
@@ -242,3 +247,75 @@ def test_ticks_and_cells_of_each_type() -> None:
     assert (money.low, money.high, money.width, money.cells) == (0, 9999, 50, 200)
     with pytest.raises(ParameterError, match="2 to"):
         stream_columns([("d", 1, "2000-01-01", "4999-01-01")], {"d": "DATE"}, {}, binder)
+
+
+@st.composite
+def _two_column_predicates(draw, depth: int = 0) -> str:
+    choice = draw(st.integers(0, 7 if depth < 2 else 4))
+    name = draw(st.sampled_from(["v", "w"]))
+    if choice <= 2:
+        op = draw(st.sampled_from(["<", "<=", ">", ">="]))
+        a = f"CAST('{draw(st.integers(-60, 60))}' AS BIGINT)"
+        return f"{name} {op} {a}" if draw(st.booleans()) else f"{a} {op} {name}"
+    if choice == 3:
+        a, b = draw(st.integers(-60, 60)), draw(st.integers(-60, 60))
+        return f"{name} BETWEEN CAST('{a}' AS BIGINT) AND CAST('{b}' AS BIGINT)"
+    if choice == 4:
+        return f"{name} = CAST('{draw(st.integers(-60, 60))}' AS BIGINT)"  # DuckDB decides
+    if choice == 5:
+        return f"NOT ({draw(_two_column_predicates(depth + 1))})"
+    joiner = draw(st.sampled_from([" AND ", " OR "]))
+    left, right = draw(_two_column_predicates(depth + 1)), draw(_two_column_predicates(depth + 1))
+    return f"({left}){joiner}({right})"
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(
+    st.sampled_from([1, 3, 10]), st.sampled_from([1, 4]), st.booleans(), _two_column_predicates()
+)
+def test_cells_chosen_in_numpy_are_the_cells_duckdb_chooses(
+    width: int, other: int, low_edge: bool, where: str
+) -> None:
+    """Where ``cells_selected_ticks`` answers (plain comparisons of integer ticks with bound
+    literals), it selects exactly the cells DuckDB's ``cells_selected_sql`` selects, and it
+    answers nothing DuckDB's alignment check refuses."""
+    columns = (
+        StreamColumn("v", "BIGINT", -50 if low_edge else -47, 50, width),
+        StreamColumn("w", "INTEGER", -20, 20, other),
+    )
+    tree = sqlglot.parse_one(where, dialect="duckdb")
+    ours = cells_selected_ticks(tree, columns)
+    connection = duckdb.connect()
+    try:
+        aligned = all(
+            (check := alignment_sql(tree, c)) is None or connection.execute(check).fetchone()[0]
+            for c in columns
+        )
+    except UnsupportedQueryError:
+        aligned = False
+    if not aligned:
+        assert ours is None
+        return
+    cells = connection.execute(cells_selected_sql(tree, columns)).fetchall()
+    theirs = np.zeros(columns[0].cells * columns[1].cells, dtype=bool)
+    theirs[[c for (c,) in cells]] = True
+    if ours is None:
+        assert "=" in where.replace("<=", "").replace(">=", "")
+        return
+    np.testing.assert_array_equal(ours, theirs)
+
+
+def test_cells_chosen_in_numpy_only_for_integer_ticks_and_bound_literals() -> None:
+    integer = (StreamColumn("v", "BIGINT", 0, 99, 10),)
+    day = (StreamColumn("v", "DATE", 0, 99, 1, kind="date"),)
+    plain = sqlglot.parse_one("v >= CAST('10' AS BIGINT)", dialect="duckdb")
+    assert cells_selected_ticks(plain, integer) is not None
+    assert cells_selected_ticks(plain, day) is None
+    for where in (
+        "v >= 10",
+        "v + 0 >= CAST('10' AS BIGINT)",
+        "v >= CAST('10' AS DOUBLE)",
+        "v BETWEEN SYMMETRIC CAST('20' AS BIGINT) AND CAST('10' AS BIGINT)",
+        "v >= CAST('15' AS BIGINT)",
+    ):
+        assert cells_selected_ticks(sqlglot.parse_one(where, dialect="duckdb"), integer) is None

@@ -285,7 +285,7 @@ def observe(path: Path, sql: str) -> Observation:
             return Observation("answered", [tuple(k) for k in shown])
         frame = db.backend.run(bounded_sql(plan, 7, db.backend.dialect))
         aligned, keys = _aligned(plan, frame)
-        exact = {m.label: aligned[m.measure.name].to_numpy() for m in plan.measurements}
+        exact = {m.label: aligned[m.measure.name] for m in plan.measurements}
         sensitivity = {m.label: m.sensitivity_units for m in plan.measurements}
         return Observation("answered", keys, exact, sensitivity)
 

@@ -1,0 +1,114 @@
+"""CLI start: CPU of ``dpsql --help`` and of ``dpsql query`` on a tiny database, against
+``python -c pass`` measured in the same run, and what ``dpsql query`` imports
+(``-X importtime``: the heaviest top-level packages, and any that the query path should not need).
+
+Targets: ``dpsql --help`` <= 0.15 s CPU, ``dpsql query`` <= 0.5 s CPU.
+
+    python benchmarks/bench_cli_start.py [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import duckdb
+
+UNNEEDED = ("fastapi", "starlette", "uvicorn", "dp_accounting", "jinja2", "matplotlib", "scipy")
+"""Packages the query path has no use for."""
+
+POLICY = """
+[dataset]
+epsilon = 1000.0
+[analysts.a]
+epsilon = 1000.0
+[tables.t]
+privacy_unit = "uid"
+max_rows_per_unit = 1
+"""
+
+
+def cpu_seconds(command: list[str]) -> float:
+    """User + system CPU of one child process."""
+    before = os.times()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    after = os.times()
+    return (after.children_user - before.children_user) + (
+        after.children_system - before.children_system
+    )
+
+
+def imported(command: list[str]) -> dict[str, float]:
+    """Import seconds (its modules' own time, summed) of each package ``command`` imports."""
+    found = subprocess.run(
+        [sys.executable, "-X", "importtime", *command[1:]],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stderr
+    packages: dict[str, float] = {}
+    for line in found.splitlines():
+        match = re.match(r"import time:\s+(\d+) \|\s+\d+ \| *(\S+)", line)
+        if match:
+            name = match.group(2).split(".")[0]
+            packages[name] = packages.get(name, 0.0) + int(match.group(1)) / 1e6
+    return packages
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+    dpsql_cli = [sys.executable, "-m", "dpsql.cli"]  # the `dpsql` command
+    with tempfile.TemporaryDirectory() as directory:
+        database = Path(directory) / "tiny.duckdb"
+        connection = duckdb.connect(str(database))
+        connection.execute("CREATE TABLE t AS SELECT range AS uid FROM range(100)")
+        connection.close()
+        policy = Path(directory) / "policy.toml"
+        policy.write_text(POLICY)
+        subprocess.run(
+            [*dpsql_cli, "policy", "set", "--db", str(database), "--file", str(policy)],
+            check=True,
+            capture_output=True,
+        )
+        query = [
+            *dpsql_cli,
+            "query",
+            "--db",
+            str(database),
+            "--analyst",
+            "a",
+            "--epsilon",
+            "1",
+            "SELECT COUNT(*) FROM t",
+        ]
+        commands = {
+            "python -c pass": [sys.executable, "-c", "pass"],
+            "dpsql --help": [*dpsql_cli, "--help"],
+            "dpsql query (tiny db)": query,
+        }
+        times = {
+            label: statistics.median(cpu_seconds(command) for _ in range(args.runs))
+            for label, command in commands.items()
+        }
+        packages = imported(query)
+    base = times["python -c pass"]
+    print(f"median CPU of {args.runs} runs")
+    for label, seconds in times.items():
+        print(f"  {label:24s} {seconds:6.3f} s   ({seconds / base:5.1f}x python -c pass)")
+    print("dpsql query imports (s, each package's own modules, top 10):")
+    for name, seconds in sorted(packages.items(), key=lambda kv: -kv[1])[:10]:
+        print(f"  {name:24s} {seconds:6.3f}")
+    unneeded = sorted(set(packages) & set(UNNEEDED))
+    print(f"imported but not needed by a query: {', '.join(unneeded) or 'none'}")
+
+
+if __name__ == "__main__":
+    main()
