@@ -473,9 +473,11 @@ def _chain(
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
     source = private_rows(shape.table, bounds.unit, bounds.partition)
     if shape.virtual:
-        # Expressions inside aggregates, as columns (dpsql.sql.expressions).
+        # Expressions inside aggregates, as columns (dpsql.sql.expressions); a person-level
+        # subquery in a CASE, FILTER or grouping condition reads private rows too.
         virtual = ", ".join(
-            f"{e.sql(dialect='duckdb')} AS {identifier(n)}" for n, e in shape.virtual.items()
+            f"{scoped(e, shape.table, bounds.unit)} AS {identifier(n)}"
+            for n, e in shape.virtual.items()
         )
         source = f"(SELECT *, {virtual} FROM {source}) AS __virtual"
     if digest is not None and any(m.kind is MeasureKind.SUM for m in measures):

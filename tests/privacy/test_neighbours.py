@@ -376,7 +376,12 @@ TWINS = {
     "subqueries that read rows without a unit": (
         None, "dpsql.sql.generate.scoped", _subqueries_read_every_row,
         st.builds(
-            lambda c: f"SELECT COUNT(*) AS n FROM w WHERE u NOT IN (SELECT u FROM w WHERE {c})",
+            lambda template, c: template.format(f"u NOT IN (SELECT u FROM w WHERE {c})"),
+            st.sampled_from([
+                "SELECT COUNT(*) AS n FROM w WHERE {}",
+                "SELECT COUNT(*) FILTER (WHERE {}) AS n FROM w",
+                "SELECT {} AS k, COUNT(*) AS n FROM w GROUP BY 1",
+            ]),
             st.sampled_from(["i > 0", "dd < 0", "f"]),
         ),
     ),
