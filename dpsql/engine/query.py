@@ -77,7 +77,15 @@ def bind(
 ) -> BoundQuery:
     """Parse ``sql`` (written in ``dialect``), check it against the allow-list over the tables
     ``policy`` exposes, and bind its literals, keys and expressions in the database
-    (``dpsql.engine.literals``); within the request's time limit."""
+    (``dpsql.engine.literals``); within the request's time limit.
+
+    Args:
+        sql: the analyst's query text.
+        dialect: the SQL dialect it is written in (sqlglot's name, e.g. "duckdb").
+        policy: the policy in force: which tables exist for the analyst, and their rules.
+        backend: the database the query will read (its catalog; the binder runs its probes).
+        binder: converts literals and keys in ``backend``'s own semantics.
+    """
     parsed = parse(sql, dialect)
     deadline.check()
     with refusing_deep_recursion():
