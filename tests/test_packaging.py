@@ -1,4 +1,4 @@
-"""How dpsql is installed: the demo needs only the runtime dependencies (issue 17 item 7)."""
+"""How dpsql is installed: the demo needs only the runtime dependencies."""
 
 from __future__ import annotations
 
