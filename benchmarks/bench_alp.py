@@ -10,7 +10,7 @@ Run: ``python benchmarks/bench_alp.py [--quick]``. Everything uses the default s
 * accuracy: the paper's Fig. 3 simulation (ε = 1, α = 3, collision probability 0.1, x uniform in
   [0, β = 5000], 10^6 trials; paper: mean |error| 6.4, std 11, 90th percentile 15.78) and without
   collisions (paper: slightly below 5 for s >= 100k), using our flips and estimator;
-* utility: the issue's Zipf(1) URL table (1M rows, 200k users, 100k URLs, <= 10 URLs per user,
+* utility: a Zipf(1) URL table (1M rows, 200k users, 100k URLs, <= 10 URLs per user,
   ε = 1, δ = 1e-6) at the library level: released keys and mean error of released counts.
 """
 

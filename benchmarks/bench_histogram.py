@@ -14,7 +14,7 @@ least any L∞ = 1 bounding must do), and two hand-written bounding queries with
 (rank every unit's keys in salted-MD5 order, as the engine does; rank only the units with more than
 ``max_groups_per_unit`` keys, the suggested fix), checked to return the identical result.
 
-Part 2 (utility). The issue's table: 200k users with up to 10 rows each (1M rows), URLs Zipf(1) over
+Part 2 (utility). Its table: 200k users with up to 10 rows each (1M rows), URLs Zipf(1) over
 100k, ε = 1, δ = 1e-6, ``max_groups_per_unit`` = 10, ``max_rows_per_group`` = 1. The truth is the
 bounded count (distinct users per URL; no user has more than 10 URLs, so it is exact). Reported:
 keys released and mean |error| of released counts through the engine (threshold and combined, the
@@ -343,7 +343,7 @@ def diagnostics(
 
 # --------------------------------------------------------------------------------------- part 2
 def zipf_visits(seed: int = 3) -> pd.DataFrame:
-    """The issue's table (as in bench_alp): 200k users, 1-10 rows each, ~1M rows, Zipf(1) URLs."""
+    """The table (as in bench_alp): 200k users, 1-10 rows each, ~1M rows, Zipf(1) URLs."""
     rng = np.random.default_rng(seed)
     rows_per_user = rng.integers(1, 11, 200_000)
     rows_per_user = np.maximum(1, np.round(rows_per_user * 1_000_000 / rows_per_user.sum()))

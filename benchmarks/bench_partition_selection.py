@@ -1,6 +1,6 @@
 """Keys released per mechanism for GROUP BY over keys without public keys.
 
-The issue's table (``bench_histogram.zipf_visits``: 200k users with 1-10 rows each, about 1M rows,
+The table (``bench_histogram.zipf_visits``: 200k users with 1-10 rows each, about 1M rows,
 Zipf(1) URLs over 100k) and a heavier-tailed one (Zipf(0.8) over 1M URLs), bounded as the engine
 bounds them: each user keeps at most L0 of their URLs (a random L0, as the salted order does), one
 row per URL. For ε ∈ {0.5, 1, 2}, δ = 1e-6, L0 ∈ {1, 10, 50}, every mechanism is run at library
@@ -10,7 +10,7 @@ threshold releases in the same trial (``on_laplace``). ``default`` marks the mec
 picks (:func:`dpsql.engine.key_mechanisms.choose_default`, no data used). ``mad2r`` is the
 two-round adaptive weighting (its round 2 computed from the bounded pairs, as the engine's second
 SQL pass does). Then the count-error frontier (``--frontier``: the selection's share of ρ against
-keys released and the error on Laplace's keys, at ε = 1, L0 = 10), the issue's setting end to end
+keys released and the error on Laplace's keys, at ε = 1, L0 = 10), this setting end to end
 through ``dpsql.connect`` with the default mechanism, and the total ε of 100 Gaussian releases
 under basic composition and under zCDP/RDP (Google's ``dp-accounting``).
 
@@ -149,7 +149,7 @@ max_rows_per_unit = 10
 
 
 def end_to_end(trials: int) -> None:
-    """The issue's setting through the engine, default mechanism (and each named one)."""
+    """The benchmark's setting through the engine, default mechanism (and each named one)."""
     import duckdb
 
     visits = zipf_visits()
