@@ -98,15 +98,8 @@ def laplace_answer(
             )
         noisy[m.label] = release.values
         lower, upper = release.lower, release.upper
-        # A count is never negative, nor a sum of values with bounds [low >= 0, ...] (nor
-        # positive when high <= 0): the interval is clamped to that side; the true value lies in
-        # the clamped interval whenever it lies in the unclamped one.
         if m.measure.kind is not MeasureKind.SUM:
-            lower, upper = np.maximum(lower.astype(np.int64), 0), upper.astype(np.int64)
-        elif m.measure.clamp is not None:
-            low, high, _ = m.measure.clamp
-            lower = np.maximum(lower, 0.0) if low >= 0 else lower
-            upper = np.minimum(upper, 0.0) if high <= 0 else upper
+            lower, upper = lower.astype(np.int64), upper.astype(np.int64)
         intervals[m.label] = (lower, upper)
         scales[m.label] = release.scale
         half_widths_for_ratio[m.label] = interval_half_width(m.scale, (1 + confidence) / 2) * m.grid
@@ -165,16 +158,7 @@ def laplace_answer(
         mechanism=MECHANISM,
         analyst=analyst,
         ledger_entry=entry.seq,
-        details={"intervals": COUNT_INTERVALS},
     )
-
-
-COUNT_INTERVALS = (
-    "intervals of counts, and of sums of values that cannot be negative, start at 0 at the lowest "
-    "(of sums of values that cannot be positive, end at 0); the noisy values themselves are not "
-    "clamped, so they stay unbiased"
-)
-"""What a Laplace answer's details say about its count intervals."""
 
 
 def having_rows(

@@ -128,7 +128,7 @@ class AutomaticBounds(Family):
     ) -> tuple[QueryResult, QueryPlan]:
         bounded, details = with_automatic_bounds(self.auto, plan, context)
         result, bounded = bounded.family.release(bounded, entry, context)
-        return result.model_copy(update={"details": {**result.details, **details}}), bounded
+        return result.model_copy(update={"details": details}), bounded
 
 
 def with_automatic_bounds(
