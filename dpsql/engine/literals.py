@@ -29,6 +29,7 @@ import sqlglot
 from sqlglot import exp
 
 from dpsql.engine.policy import Policy, PublicKey, TablePolicy
+from dpsql.engine.virtual_columns import with_virtual_bounds
 from dpsql.errors import PolicyError, UnsupportedQueryError
 from dpsql.sql import expressions
 from dpsql.sql.analyze import temporal_pattern
@@ -296,17 +297,11 @@ class Binder:
         """Have the database bind every expression of ``shape`` as it will run them, over no
         rows (``WHERE false``): a type error is a refusal now, never a failure after the charge.
         """
-        declared = {name: rules.bounds for name, rules in table.columns.items()}
-        columns = []
-        for name, expression in shape.virtual.items():
-            found = _bin(name, expression)
-            if found is not None:
-                interval = table.column(found.column).bounds
-                assert interval is not None  # bin_domains refused it otherwise
-                run = expressions.bin_run(found, interval, shape.columns)
-            else:
-                run = expressions.clamped(expression, declared, shape.columns)
-            columns.append(f"{run.sql(dialect='duckdb')} AS {_identifier(name)}")
+        runs, _ = with_virtual_bounds(shape, table)  # what the database will run, and nothing else
+        columns = [
+            f"{run.sql(dialect='duckdb')} AS {_identifier(name)}"
+            for name, run in runs.virtual.items()
+        ]
         where = f" AND ({shape.where.sql(dialect='duckdb')})" if shape.where is not None else ""
         try:
             source = _identifier(shape.table)
