@@ -204,11 +204,14 @@ def planner(
             partition=bound.partition,
         )
 
+    split: list[Policy] = []  # the policy at the cells' level: cells do not depend on epsilon
+
     def plan_together(epsilon: float) -> QueryPlan:
-        plan = plan_at(epsilon)
-        cell = cell_confidence(plan, policy.dataset.confidence)
-        dataset = policy.dataset.model_copy(update={"confidence": cell})
-        return plan_at(epsilon, policy.model_copy(update={"dataset": dataset}))
+        if not split:
+            cell = cell_confidence(plan_at(epsilon), policy.dataset.confidence)
+            dataset = policy.dataset.model_copy(update={"confidence": cell})
+            split.append(policy.model_copy(update={"dataset": dataset}))
+        return plan_at(epsilon, split[0])
 
     return plan_together if simultaneous else plan_at
 

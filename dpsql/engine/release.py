@@ -18,7 +18,13 @@ import pandas as pd
 
 from dpsql.engine.backends import Backend
 from dpsql.engine.policy import Policy
-from dpsql.engine.progress import READING_DATA, Progress, accepts_progress, relabel
+from dpsql.engine.progress import (
+    READING_DATA,
+    Progress,
+    accepts_progress,
+    no_progress,
+    relabel,
+)
 from dpsql.engine.synopses import SynopsisStore
 from dpsql.sql.generate import bounded_aggregate
 
@@ -49,6 +55,11 @@ class ReleaseContext:
     progress: Progress | None = None
     synopses: SynopsisStore | None = None
     """Where a key release's synopsis is kept (None: not kept)."""
+
+    @property
+    def stages(self) -> Progress:
+        """Where a release reports its stages (nowhere without a callback)."""
+        return self.progress if self.progress is not None else no_progress
 
     @property
     def reports_progress(self) -> bool:

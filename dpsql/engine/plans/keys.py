@@ -25,7 +25,7 @@ from dpsql.engine.choices import MECHANISMS
 from dpsql.engine.key_mechanisms import DefaultChoice, choose_default
 from dpsql.engine.plans.base import Family, MeasurementPlan
 from dpsql.engine.policy import TablePolicy
-from dpsql.engine.progress import DONE, READING_DATA, no_progress
+from dpsql.engine.progress import DONE, READING_DATA
 from dpsql.engine.release import aggregation, bounded_sql, read, reporting
 from dpsql.engine.results import QueryResult
 from dpsql.engine.synopses import Synopsis, SynopsisStore, conjuncts
@@ -232,7 +232,7 @@ class Keys(Family):
     def release(
         self, plan: QueryPlan, entry: LedgerEntry, context: ReleaseContext
     ) -> tuple[QueryResult, QueryPlan]:
-        progress = context.progress if context.progress is not None else no_progress
+        progress = context.stages
         spec = self.spec
         salt = int(context.rng.integers(0, 2**62))
         with contextlib.ExitStack() as stack:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from dpsql.engine.answers import laplace_answer
 from dpsql.engine.plans.base import Family
-from dpsql.engine.progress import ADDING_NOISE, DONE, no_progress
+from dpsql.engine.progress import ADDING_NOISE, DONE
 from dpsql.engine.release import bounded_sql, read
 
 if TYPE_CHECKING:
@@ -33,7 +33,7 @@ class Laplace(Family):
     def release(
         self, plan: QueryPlan, entry: LedgerEntry, context: ReleaseContext
     ) -> tuple[QueryResult, QueryPlan]:
-        progress = context.progress if context.progress is not None else no_progress
+        progress = context.stages
         salt = int(context.rng.integers(0, 2**62))
         frame = read(context, bounded_sql(plan, salt, context.backend.dialect))
         progress(ADDING_NOISE, None)

@@ -21,7 +21,7 @@ from dpsql.accountant.events import MechanismEvent, SequentialEvent
 from dpsql.engine.answers import plain
 from dpsql.engine.plans.base import Family, literal_text, split_epsilon
 from dpsql.engine.policy import TablePolicy
-from dpsql.engine.progress import ADDING_NOISE, DONE, no_progress
+from dpsql.engine.progress import ADDING_NOISE, DONE
 from dpsql.engine.release import read
 from dpsql.engine.results import QueryResult
 from dpsql.errors import ParameterError, PolicyError, UnsupportedQueryError
@@ -126,7 +126,7 @@ class Quantiles(Family):
     def release(
         self, plan: QueryPlan, entry: LedgerEntry, context: ReleaseContext
     ) -> tuple[QueryResult, QueryPlan]:
-        progress = context.progress if context.progress is not None else no_progress
+        progress = context.stages
         by_column = {spec.column: spec for spec in self.specs}
         frames = {
             c: read(context, _histogram_sql(context, plan, s)) for c, s in by_column.items()

@@ -21,7 +21,7 @@ from dpsql.accountant.events import MechanismEvent, SequentialEvent
 from dpsql.engine.answers import plain
 from dpsql.engine.plans.base import Family, MeasurementPlan
 from dpsql.engine.policy import Policy, TablePolicy
-from dpsql.engine.progress import ADDING_NOISE, DONE, no_progress
+from dpsql.engine.progress import ADDING_NOISE, DONE
 from dpsql.engine.release import read
 from dpsql.engine.results import QueryResult
 from dpsql.errors import ParameterError, PolicyError, UnsupportedQueryError
@@ -108,7 +108,7 @@ class Ranges(Family):
     def release(
         self, plan: QueryPlan, entry: LedgerEntry, context: ReleaseContext
     ) -> tuple[QueryResult, QueryPlan]:
-        progress = context.progress if context.progress is not None else no_progress
+        progress = context.stages
         groups = read(context, public_groups(plan.shape, context.backend.dialect), "reading groups")
         counts = read(
             context,
