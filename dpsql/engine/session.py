@@ -340,21 +340,21 @@ class Session:
         max_answers: int | None,
         accuracy: float | None,
     ) -> dict[str, Any]:
-        synopsis = self._synopsis_for(shaped[0].shape, mechanism, accuracy)
+        synopsis = self._synopsis_for(shaped.bound.shape, mechanism, accuracy)
         if synopsis is not None:
             return {
-                "query": shaped[1],
+                "query": shaped.normalized,
                 "plan": {"mechanism": "synopsis", "synopsis": synopsis[0].describe()},
                 "cost": {"epsilon": 0.0, "delta": 0.0},
                 "draws_on": [],
             }
-        if self._streams_for(shaped[0].shape, accuracy):
-            stream = self._streams.route(shaped[0].shape, mechanism)
+        if self._streams_for(shaped.bound.shape, accuracy):
+            stream = self._streams.route(shaped.bound.shape, mechanism)
             if stream is not None:
-                return self._streams.explain(stream, shaped[1])
-            if wanted := self._streams.requested(shaped[0].shape, mechanism):
-                opening = self._streams.plan_for_query(shaped[0].shape, wanted, epsilon, delta)
-                return self._streams.explain_opening(opening, shaped[1])
+                return self._streams.explain(stream, shaped.normalized)
+            if wanted := self._streams.requested(shaped.bound.shape, mechanism):
+                opening = self._streams.plan_for_query(shaped.bound.shape, wanted, epsilon, delta)
+                return self._streams.explain_opening(opening, shaped.normalized)
         plan = self._plan(shaped, epsilon, delta, mechanism, max_answers, accuracy)
         cost = total(plan.event)
         status = self.budget()
@@ -403,10 +403,10 @@ class Session:
         max_answers: int | None,
         accuracy: float | None,
     ) -> QueryResult:
-        synopsis = self._synopsis_for(shaped[0].shape, mechanism, accuracy)
+        synopsis = self._synopsis_for(shaped.bound.shape, mechanism, accuracy)
         if synopsis is not None:
-            return self._from_synopsis(synopsis, (shaped[0].shape, shaped[1]))
-        if self._streams_for(shaped[0].shape, accuracy):
+            return self._from_synopsis(synopsis, shaped)
+        if self._streams_for(shaped.bound.shape, accuracy):
             answered = self._from_stream(shaped, mechanism, epsilon, delta)
             if answered is not None:
                 return answered
@@ -447,15 +447,15 @@ class Session:
     ) -> QueryResult | None:
         """The answer from the query stream that covers the query, opening one first if
         ``mechanism`` asks for it; None when no stream answers it."""
-        stream, opened = self._streams.route(shaped[0].shape, mechanism), {}
-        if stream is None and (wanted := self._streams.requested(shaped[0].shape, mechanism)):
-            opening = self._streams.plan_for_query(shaped[0].shape, wanted, epsilon, delta)
+        stream, opened = self._streams.route(shaped.bound.shape, mechanism), {}
+        if stream is None and (wanted := self._streams.requested(shaped.bound.shape, mechanism)):
+            opening = self._streams.plan_for_query(shaped.bound.shape, wanted, epsilon, delta)
             entry = self._streams.charge(opening)
             opened = after_charge(lambda: self._streams.build(opening, entry))  # type: ignore[arg-type,return-value]
-            stream = self._streams.route(shaped[0].shape, mechanism)
+            stream = self._streams.route(shaped.bound.shape, mechanism)
         if stream is None:
             return None
-        answer = self._streams.answer(stream, shaped[0].shape, shaped[1])
+        answer = self._streams.answer(stream, shaped.bound.shape, shaped.normalized)
         if opened:
             details = {**answer.details, "opened_stream": opened}
             answer = answer.model_copy(update={"details": details})
@@ -580,10 +580,10 @@ class Session:
         return None
 
     def _from_synopsis(
-        self, found: tuple[Synopsis, PointQuery], shaped: tuple[QueryShape, str]
+        self, found: tuple[Synopsis, PointQuery], shaped: BoundQuery
     ) -> QueryResult:
         synopsis, query = found
-        shape, normalized = shaped
+        shape, normalized = shaped.bound.shape, shaped.normalized
         release = CombinedRelease.from_bytes(synopsis.data)
         keys = np.array(query.keys, dtype=object if isinstance(query.keys[0], str) else None)
         answer = release.answer(
