@@ -177,19 +177,18 @@ def _planner(
 ) -> tuple[Callable[[float], QueryPlan], str]:
     """A function planning ``query`` at a given epsilon (reads no data), and its normalized SQL.
     The SQL is parsed and bound once; the report's confidence replaces the policy's."""
-    bound, normalized = session.bind(query.sql)
+    bound, normalized, policy, binder = session.bind(query.sql)
     for option in ("epsilon", "delta", "accuracy", "confidence"):
         if option in bound.shape.options:
             raise ParameterError(
                 f"the report sets {option}; remove it from OPTIONS(...)"
             )
-    check_ranges(bound.shape, session.policy, session.backend)
-    policy = session.policy
+    check_ranges(bound.shape, policy, session.backend)
     if spec.confidence is not None:
         dataset = policy.dataset.model_copy(update={"confidence": spec.confidence})
         policy = policy.model_copy(update={"dataset": dataset})
     delta = check_budget_value("delta", query.delta, allow_zero=True)
-    return planner(bound, policy, session.binder, delta=delta), normalized
+    return planner(bound, policy, binder, delta=delta), normalized
 
 
 def plan_report(session: Session, spec: ReportSpec) -> ReportPlan:

@@ -283,21 +283,21 @@ class Session:
         max_answers: int | None,
         accuracy: float | None,
     ) -> QueryPlan:
-        shape = query.bound.shape
-        check_ranges(shape, self.policy, self.backend)
+        shape, policy = query.bound.shape, query.policy
+        check_ranges(shape, policy, self.backend)
         budget = resolve_budget(
-            shape, self.policy, epsilon=epsilon, delta=delta, accuracy=accuracy
+            shape, policy, epsilon=epsilon, delta=delta, accuracy=accuracy
         )
         plan_at = planner(
             query.bound,
-            self.policy,
-            self.binder,
+            policy,
+            query.binder,
             delta=budget.delta,
             mechanism=mechanism,
             max_answers=max_answers,
         )
         if budget.epsilon is None:
-            ceiling = min(self.policy.dataset.epsilon, self.policy.analysts[self.analyst].epsilon)
+            ceiling = min(policy.dataset.epsilon, policy.analysts[self.analyst].epsilon)
             return least_epsilon(plan_at, budget.target, ceiling=ceiling)
         return plan_at(budget.epsilon)
 
@@ -436,7 +436,12 @@ class Session:
     def _streams_for(shape: QueryShape, accuracy: float | None) -> bool:
         """Whether a query stream may answer: not for post-processed queries or an accuracy
         target (a stream's error is its own)."""
-        return shape.post is None and accuracy is None and "accuracy" not in shape.options
+        return (
+            shape.post is None
+            and accuracy is None
+            and "accuracy" not in shape.options
+            and shape.relation is None
+        )
 
     def _from_stream(
         self,
