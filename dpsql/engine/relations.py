@@ -115,8 +115,14 @@ class _Rules:
             most = self.rows(origin.rows, origin.lookups)
             return (most * min(inner[0], 0.0), most * max(inner[1], 0.0))
         if kind == "clamped":
-            low, high = origin.limits
-            if low is None or high is None or low > high:
+            implied = self.bounds(origin.parts[0]) or (None, None)
+            (low, high), (known_low, known_high) = origin.limits, implied
+            # A clamp can only narrow the values: the tighter of the stated and implied side.
+            if known_low is not None:
+                low = known_low if low is None else max(low, known_low)
+            if known_high is not None:
+                high = known_high if high is None else min(high, known_high)
+            if low is None or high is None or low > high or not math.isfinite(high - low):
                 return None
             return (low, high)
         if kind == "difference":

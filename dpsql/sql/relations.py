@@ -543,7 +543,10 @@ class _Lifter:
                 types[name], origins[name] = inner.types[inner.unit], inner.origins[inner.unit]
                 continue
             name = self.output_name(item, None)
-            sql, type_name, origin = self.aggregate(item, body, inner)
+            if isinstance(body, exp.Least | exp.Greatest):
+                sql, type_name, origin = self.clamped(item, body, inner, self.aggregate)
+            else:
+                sql, type_name, origin = self.aggregate(item, body, inner)
             items.append(f"{sql} AS {identifier(name)}")
             types[name], origins[name] = type_name, origin
         self.check_names(select, types)
@@ -678,10 +681,17 @@ class _Lifter:
         raise AssertionError
 
     def clamped(
-        self, item: exp.Expression, body: exp.Expression, inner: Source
+        self,
+        item: exp.Expression,
+        body: exp.Expression,
+        inner: Source,
+        operand: Callable[..., tuple[str, str, Origin]] | None = None,
     ) -> tuple[str, str, Origin]:
         """``LEAST(x, high)`` / ``GREATEST(x, low)`` (nested for both) with a number literal:
-        the query states bounds of a value the policy does not bound (a gap, a difference)."""
+        the query states bounds of a value the policy does not bound (a gap, a difference), or
+        narrows them. ``operand`` reads ``x`` (default: a column, window or difference; a
+        per-person subquery passes its aggregates)."""
+        operand = operand or self.operand
         arguments = [body.this, *body.expressions]
         literals = [a for a in arguments if _number(a) is not None]
         others = [a for a in arguments if _number(a) is None]
@@ -691,9 +701,9 @@ class _Lifter:
         assert limit is not None
         value = others[0]
         if isinstance(value, exp.Least | exp.Greatest):
-            sql, _, origin = self.clamped(item, value, inner)
+            sql, _, origin = self.clamped(item, value, inner, operand)
         else:
-            sql, type_name, origin = self.operand(item, value, inner)
+            sql, type_name, origin = operand(item, value, inner)
             if not ColumnKind.of(type_name).numeric:
                 self.reject(item, f"{body.key.upper()} bounds numbers")
             sql = f"CAST({sql} AS DOUBLE)"

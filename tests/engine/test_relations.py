@@ -217,3 +217,18 @@ def test_answers_land_near_the_truth_within_their_intervals(
         if column in result.intervals:
             low, high = result.intervals[column][index]
             assert low <= truth_value <= high or abs(value - truth_value) < 1e-9
+
+
+@pytest.mark.parametrize(
+    ("value", "bounds"),
+    [
+        ("LEAST(SUM(amount), 300)", (0, 300)),  # the stated high, the implied low
+        ("GREATEST(LEAST(SUM(amount), 300), 10)", (10, 300)),
+        ("LEAST(SUM(amount), 1e308)", (0, 400)),  # a clamp only narrows the implied bounds
+    ],
+)
+def test_a_per_person_value_takes_the_tighter_of_stated_and_implied_bounds(
+    shop: Path, value: str, bounds: tuple[float, float]
+) -> None:
+    plan = _plan(shop, f"SELECT AVG(s) FROM (SELECT cid, {value} AS s FROM orders GROUP BY cid)")
+    assert plan.table.column("s").bounds == bounds
