@@ -66,6 +66,19 @@ __all__ = ["accept_remote", "run_service", "serve", "serve_demo", "token"]
     help="Append one JSON line per request (refusals included; never SQL text) to this file; "
     "rotate it by renaming, the next line opens a new file.",
 )
+@click.option(
+    "--pg-port",
+    default=None,
+    envvar="DPSQL_PG_PORT",
+    type=click.IntRange(0, 65535),
+    help="Also accept PostgreSQL clients on this port (user: the analyst, password: their "
+    "token, database: the dataset); see docs/serving.md.",
+)
+@click.option(
+    "--pg-host",
+    default=None,
+    help="Address of the PostgreSQL port (default: --host).",
+)
 def serve(
     database: str,
     host: str,
@@ -77,8 +90,11 @@ def serve(
     query_timeout: float,
     verify_every: float,
     access_log: str | None,
+    pg_port: int | None,
+    pg_host: str | None,
 ) -> None:
-    """Serve the database over HTTP: the API under /v1, its docs at /docs, a console at /."""
+    """Serve the database over HTTP: the API under /v1, its docs at /docs, a console at /; with
+    --pg-port, over the PostgreSQL protocol too."""
     from dpsql.engine.session import show_policy
     from dpsql.serving.limits import ServerSettings
     from dpsql.serving.tokens import TokenStore
@@ -101,7 +117,12 @@ def serve(
         query_timeout=query_timeout,
         verify_every=verify_every,
         access_log=None if access_log is None else os.path.abspath(access_log),
+        pg_host=pg_host or host,
+        pg_port=pg_port,
+        pg_reuse_port=workers > 1,
     )
+    if pg_port is not None:
+        _listening_socket(pg_host or host, pg_port).close()  # a taken port: one line, now
     run_service(settings, host=host, port=port, workers=workers)
 
 
@@ -125,8 +146,14 @@ def run_service(settings: ServerSettings, *, host: str, port: int, workers: int)
         server_header=False,  # no software banner in every response
     )
     listening = _listening_socket(host, port)
+    postgres = (
+        ""
+        if settings.pg_port is None
+        else f" and postgresql://{settings.pg_host}:{settings.pg_port}"
+    )
     click.echo(
-        f"dpsql: serving {settings.database} on http://{host}:{port} ({workers} worker(s))",
+        f"dpsql: serving {settings.database} on http://{host}:{port}{postgres} "
+        f"({workers} worker(s))",
         err=True,
     )
     if workers > 1:
