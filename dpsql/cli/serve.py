@@ -278,8 +278,15 @@ def _remote_verify(session: RemoteSession, **_: Any) -> None:
     click.echo(f"ledger at {session.url} verified: {report['detail']}")
 
 
-def _remote_result(session: RemoteSession, *, entry: int, output_format: str, **_: Any) -> None:
-    print_result(session.result(entry), output_format)
+def _remote_result(
+    session: RemoteSession,
+    *,
+    entry: int,
+    output_format: str,
+    query_name: str | None = None,
+    **_: Any,
+) -> None:
+    print_result(session.result(entry, query_name), output_format)
     if output_format == "table":
         click.echo("fetched from the service's stored answers: nothing was charged again")
 

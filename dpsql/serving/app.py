@@ -343,6 +343,13 @@ async def schema(request: Request) -> Response:
 
 
 _NO_ANSWER = "ledger entry {seq} has no stored answer of yours"
+_REPORT_QUERY = {
+    "name": "query",
+    "in": "query",
+    "required": False,
+    "description": "of a report's ledger entry: the name of its query",
+    "schema": {"type": "string"},
+}
 
 
 _SEQ = {
@@ -359,13 +366,14 @@ _SEQ = {
     "/v1/results/{seq}",
     response_model=models.QueryResponse,
     csv=True,
-    parameters=(_SEQ,),
+    parameters=(_SEQ, _REPORT_QUERY),
     tags=["analyst"],
 )
 async def stored_result(request: Request) -> Response:
     """The answer released under the caller's ledger entry `seq` again, for free (no charge,
-    no new entry). 404, in the same words, for an entry without a stored answer and for another
-    analyst's."""
+    no new entry); of a report's entry, the answer to its query `?query=NAME` (400 naming the
+    report's queries without it). 404, in the same words, for an entry without a stored answer
+    and for another analyst's."""
     service, identity = _identify(request, "analyst")
     text = request.path_params["seq"]
     if not (text.isascii() and text.isdigit()) or int(text) < 1:
@@ -373,17 +381,21 @@ async def stored_result(request: Request) -> Response:
             "seq", f"a ledger entry number is a positive integer, got {text!r}"
         )
     seq = int(text)
+    query_name = request.query_params.get("query")
     as_csv = _wants_csv(request)
 
     def fetch(session: Session) -> Any:
         try:
-            return session.result(seq)
-        except ParameterError:
-            return None
+            return session.result(seq, query_name)
+        except ParameterError as error:
+            # A report of the caller's, fetched without a query name: say which names it has.
+            return error if "paid for a report" in str(error) else None
 
     result = await service.in_session(identity, fetch)
     if result is None:
         raise ServiceError(_NO_ANSWER.format(seq=seq), status=404)
+    if isinstance(result, ParameterError):
+        raise _invalid_parameter("query", str(result))
     if as_csv:
         return _csv(*result.interval_table())
     return StrictJSONResponse(result.to_dict())
