@@ -119,7 +119,24 @@ class Catalogue:
             if isinstance(node, exp.Cast) and isinstance(node.to, exp.ObjectIdentifier):
                 # sqlglot does not revisit a replacement: rewrite what the cast wraps first
                 return _object_identifier(node.this.transform(replace), node.to.name.lower())
+            if isinstance(node, exp.Table) and node.name.lower() in _COMPLETED:
+                # DuckDB's view lacks columns PostgreSQL has: the completed one stands in
+                completed = parse(_COMPLETED[node.name.lower()]).subquery(
+                    node.alias_or_name, copy=False
+                )
+                return completed
+            if isinstance(node, exp.Column) and node.args.get("db") and node.table:
+                # DuckDB binds schema.table.column only outside a subquery's joins;
+                # table.column names the same table (SQLAlchemy's column inspection)
+                node = node.copy()
+                node.set("db", None)
+                return node
             called = node.expression if isinstance(node, exp.Dot) else node
+            if isinstance(called, exp.Anonymous) and called.name.lower() in _MACRO_NAMES:
+                # a temporary macro is found by its bare name only
+                arguments = [a.transform(replace) for a in called.expressions]
+                name = _MACRO_NAMES[called.name.lower()]
+                return exp.Anonymous(this=name, expressions=arguments)
             if isinstance(called, exp.Anonymous) and called.name.lower() in _NULL_FUNCTIONS:
                 return exp.Null()  # no sequence or collation options exist here
             found = answer(node)
@@ -153,6 +170,13 @@ class Catalogue:
         return Rows(tuple(columns), tuple(tuple(row) for row in rows))
 
 
+_TYPE_NAMES = {
+    16: "boolean", 17: "bytea", 20: "bigint", 21: "smallint", 23: "integer", 25: "text",
+    700: "real", 701: "double precision", 1043: "character varying", 1082: "date",
+    1083: "time without time zone", 1114: "timestamp without time zone",
+    1184: "timestamp with time zone", 1186: "interval", 1700: "numeric", 2950: "uuid",
+}  # fmt: skip
+"""PostgreSQL's ``format_type`` names, which drivers map to their types (DuckDB says ``int8``)."""
 _LOOKUPS = {
     "regclass": ("pg_class", "relname"),
     "regtype": ("pg_type", "typname"),
@@ -164,9 +188,26 @@ _MACROS = (
     "(SELECT oid FROM pg_catalog.pg_class WHERE relname = name LIMIT 1)",
     "CREATE TEMP MACRO to_regtype(name) AS "
     "(SELECT oid FROM pg_catalog.pg_type WHERE typname = name LIMIT 1)",
+    "CREATE TEMP MACRO pg_get_userbyid(id) AS 'dpsql'",
+    "CREATE TEMP MACRO postgres_format_type(t, m) AS CASE t "
+    + " ".join(f"WHEN {oid} THEN '{name}'" for oid, name in _TYPE_NAMES.items())
+    + " ELSE pg_catalog.format_type(t, m) END",
 )
 """PostgreSQL's name lookups that DuckDB lacks (psycopg's ``TypeInfo.fetch`` calls
 ``to_regtype``)."""
+_MACRO_NAMES = {
+    "to_regclass": "to_regclass",
+    "to_regtype": "to_regtype",
+    "pg_get_userbyid": "pg_get_userbyid",
+    "format_type": "postgres_format_type",
+}
+"""Functions answered by the macros above, by the name a client calls them."""
+_COMPLETED = {
+    "pg_collation": "SELECT oid, collname, NULL::BIGINT AS collnamespace "
+    "FROM pg_catalog.pg_collation",
+}
+"""``pg_catalog`` views with the columns DuckDB leaves out (SQLAlchemy's column inspection
+joins ``pg_collation.collnamespace``)."""
 _NULL_FUNCTIONS = frozenset({"json_build_object", "jsonb_build_object", "pg_get_serial_sequence"})
 """Functions SQLAlchemy calls only to describe identity and collation options, which the
 catalogue's tables never have."""

@@ -40,7 +40,7 @@ from typing import Any
 import duckdb
 
 from dpsql.engine.choices import MECHANISM_NAMES, STREAM_MECHANISMS
-from dpsql.engine.results import QueryResult
+from dpsql.engine.results import QueryResult, json_safe
 from dpsql.errors import DpsqlError, QueryError, SchemaError
 from dpsql.serving import pgwire as wire
 from dpsql.serving.access_log import AccessLogFile, new_line
@@ -304,7 +304,7 @@ def _notice(result: QueryResult, intervals: bool) -> bytes:
             ("V", "NOTICE"),
             ("C", "00000"),
             ("M", text),
-            ("D", json.dumps(detail, default=str, allow_nan=True)),
+            ("D", json.dumps(json_safe(detail), default=str)),
         ],
     )
 
@@ -422,7 +422,13 @@ class _Connection:
                 return None
             if code >> 16 != 3:
                 raise wire.ProtocolViolation(f"unsupported frontend protocol {code >> 16}")
-            return wire.Reader(body).startup_parameters()
+            parameters = wire.Reader(body).startup_parameters()
+            extensions = [name for name in parameters if name.startswith("_pq_.")]
+            if code & 0xFFFF or extensions:  # a newer minor version: answer 3.0, no extension
+                names = b"".join(wire.cstring(name) for name in extensions)
+                offer = struct.pack("!ii", wire.PROTOCOL_3, len(extensions))
+                self.send(wire.message(b"v", offer + names))
+            return {k: v for k, v in parameters.items() if k not in extensions}
 
     async def _start(self) -> bool:
         """Start-up and password authentication; True when the session is ready."""
@@ -434,6 +440,7 @@ class _Connection:
                 if parameters is None:
                     return False
                 identity = await self._authenticate(parameters)
+                self.settings = _Settings(self._options(parameters))  # refuses bad values
         except (PgError, DpsqlError) as error:
             sqlstate, text, status, problem = _refusal(error)
             line = self._line("pg:startup")  # with the token, once one was recognised
@@ -444,7 +451,6 @@ class _Connection:
         self.identity = identity
         line = self._line("pg:startup") | {"status": 200, "sqlstate": "00000"}
         self._log(line, started)
-        self.settings = _Settings(self._options(parameters))
         reported = {**_REPORTED, "application_name": self.settings.show("application_name")}
         self.send(
             wire.message(b"R", struct.pack("!i", 0)),

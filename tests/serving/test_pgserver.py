@@ -125,6 +125,16 @@ def test_intervals_as_columns(server: tuple[Server, Path]) -> None:
         assert cursor.description[1].type_code == 701  # float8
         assert low <= n <= high
         assert connection.execute("SHOW dpsql.intervals").fetchone() == ("on",)
+        binary = connection.cursor(binary=True)  # results in binary format: int8, float8, text
+        rows = binary.execute(
+            "SELECT country, COUNT(*) AS n FROM requests WHERE country = %s GROUP BY country",
+            ("NO",),
+        ).fetchall()
+        assert [c.type_code for c in binary.description] == [25, 20, 701, 701]
+        assert sorted(row[0] for row in rows) == ["DK", "FI", "IS", "NO", "SE"]  # public keys
+        for _, n, low, high in rows:
+            assert isinstance(n, int) and low <= n <= high
+            assert high - low == pytest.approx(2 * (n - low))
 
 
 def test_refusals_are_errors_with_sqlstates_and_charge_nothing(
@@ -210,6 +220,9 @@ def test_sqlalchemy_and_pandas(server: tuple[Server, Path]) -> None:
             inspector = sqlalchemy.inspect(connection)
             assert inspector.get_table_names() == ["requests"]
             assert inspector.has_table("requests") and not inspector.has_table("salaries")
+            columns = {c["name"]: str(c["type"]) for c in inspector.get_columns("requests")}
+            assert columns["user_id"] == "BIGINT" and columns["country"] == "VARCHAR"
+            assert columns["latency_ms"] == "DOUBLE PRECISION"
         frame = pd.read_sql(
             sqlalchemy.text(
                 "SELECT country, COUNT(*) AS n FROM requests WHERE status = :status "
@@ -235,6 +248,15 @@ def test_psql(server: tuple[Server, Path]) -> None:
     before = len(charges(running))
     command = [psql, "-h", "127.0.0.1", "-p", str(running.pg_port), "-U", "alice", "-d", "demo"]
     command += ["-X", "-v", "ON_ERROR_STOP=1", "-c", "SET dpsql.epsilon = 0.03", "-c", COUNT]
+    listed = subprocess.run(
+        [*command[:-4], "-c", "\\dt"],
+        env={**os.environ, "PGPASSWORD": running.alice, "PGCONNECT_TIMEOUT": "20"},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert listed.returncode == 0, listed.stderr
+    assert " requests " in listed.stdout and "salaries" not in listed.stdout
     done = subprocess.run(
         command,
         env={**os.environ, "PGPASSWORD": running.alice, "PGCONNECT_TIMEOUT": "20"},
