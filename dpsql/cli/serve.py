@@ -79,6 +79,18 @@ __all__ = ["accept_remote", "run_service", "serve", "serve_demo", "token"]
     default=None,
     help="Address of the PostgreSQL port (default: --host).",
 )
+@click.option(
+    "--pg-tls-cert",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="PEM certificate chain for the PostgreSQL port; with --pg-tls-key, TLS is required.",
+)
+@click.option(
+    "--pg-tls-key",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="PEM private key of --pg-tls-cert.",
+)
 def serve(
     database: str,
     host: str,
@@ -92,6 +104,8 @@ def serve(
     access_log: str | None,
     pg_port: int | None,
     pg_host: str | None,
+    pg_tls_cert: str | None,
+    pg_tls_key: str | None,
 ) -> None:
     """Serve the database over HTTP: the API under /v1, its docs at /docs, a console at /; with
     --pg-port, over the PostgreSQL protocol too."""
@@ -120,10 +134,27 @@ def serve(
         pg_host=pg_host or host,
         pg_port=pg_port,
         pg_reuse_port=workers > 1,
+        pg_tls_cert=None if pg_tls_cert is None else os.path.abspath(pg_tls_cert),
+        pg_tls_key=None if pg_tls_key is None else os.path.abspath(pg_tls_key),
     )
     if pg_port is not None:
-        _listening_socket(pg_host or host, pg_port).close()  # a taken port: one line, now
+        _check_postgres(settings)
     run_service(settings, host=host, port=port, workers=workers)
+
+
+def _check_postgres(settings: ServerSettings) -> None:
+    """Refuse, in one line and before anything starts, a PostgreSQL port that is taken or a
+    certificate that does not load."""
+    from dpsql.serving.pgserver import tls_context
+
+    if (settings.pg_tls_cert is None) != (settings.pg_tls_key is None):
+        raise ParameterError("give both --pg-tls-cert and --pg-tls-key, or neither")
+    try:
+        tls_context(settings.pg_tls_cert, settings.pg_tls_key)
+    except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
+        raise ParameterError(f"cannot load the PostgreSQL port's certificate: {error}") from None
+    assert settings.pg_port is not None
+    _listening_socket(settings.pg_host, settings.pg_port).close()
 
 
 def run_service(settings: ServerSettings, *, host: str, port: int, workers: int) -> None:

@@ -42,6 +42,8 @@ class ServerSettings(BaseModel):
     pg_port: int | None = Field(None, ge=0, le=65535, description="PostgreSQL port (None: off)")
     pg_reuse_port: bool = Field(False, description="workers share the PostgreSQL port")
     pg_max_connections: int = Field(64, ge=1, description="PostgreSQL connections per worker")
+    pg_tls_cert: str | None = Field(None, description="certificate chain of the PostgreSQL port")
+    pg_tls_key: str | None = Field(None, description="its private key; with both, TLS is required")
     pg_idle_timeout: float = Field(
         600.0, gt=0, description="seconds a PostgreSQL connection may wait for its next message"
     )

@@ -30,6 +30,7 @@ import itertools
 import json
 import logging
 import secrets
+import ssl
 import struct
 import time
 from collections.abc import Sequence
@@ -58,7 +59,7 @@ from dpsql.serving.problems import problem_for
 from dpsql.serving.service import Service
 from dpsql.serving.tokens import Identity
 
-__all__ = ["AUTH_TIMEOUT", "MAX_PREPARED", "PgFrontDoor"]
+__all__ = ["AUTH_TIMEOUT", "MAX_PREPARED", "PgFrontDoor", "tls_context"]
 
 AUTH_TIMEOUT = 30.0
 MAX_PREPARED = 256
@@ -358,6 +359,7 @@ class _Connection:
         self.prepared: dict[str, _Prepared] = {}
         self.portals: dict[str, _Portal] = {}
         self.skipping = False  # after an error in the extended protocol, until Sync
+        self.encrypted = False
 
     # framing ------------------------------------------------------------------------------------
     @property
@@ -410,10 +412,17 @@ class _Connection:
             self.catalogue.close()
 
     async def _startup_message(self) -> dict[str, str] | None:
-        """The client's StartupMessage parameters, after declining TLS and GSS encryption;
-        None for a cancel request (not supported: a running query finishes)."""
+        """The client's StartupMessage parameters, after TLS (with a certificate, required;
+        without, declined) and declining GSS encryption; None for a cancel request (not
+        supported: a running query finishes)."""
         while True:
             code, body = await wire.read_startup(self.reader, self.limit)
+            if code == wire.SSL_REQUEST and self.door.tls is not None and not self.encrypted:
+                self.send(b"S")
+                await self.flush()
+                await self.writer.start_tls(self.door.tls)
+                self.encrypted = True
+                continue
             if code in (wire.SSL_REQUEST, wire.GSSENC_REQUEST):
                 self.send(b"N")
                 await self.flush()
@@ -422,6 +431,8 @@ class _Connection:
                 return None
             if code >> 16 != 3:
                 raise wire.ProtocolViolation(f"unsupported frontend protocol {code >> 16}")
+            if self.door.tls is not None and not self.encrypted:
+                raise PgError("28000", "this server accepts TLS connections only (sslmode=require)")
             parameters = wire.Reader(body).startup_parameters()
             extensions = [name for name in parameters if name.startswith("_pq_.")]
             if code & 0xFFFF or extensions:  # a newer minor version: answer 3.0, no extension
@@ -830,6 +841,17 @@ class _Connection:
             ) from None
 
 
+def tls_context(cert: str | None, key: str | None) -> ssl.SSLContext | None:
+    """The server's TLS context from a certificate chain and its key (None without them);
+    ``ssl.SSLError`` or ``OSError`` if they cannot be loaded."""
+    if cert is None or key is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(cert, key)
+    return context
+
+
 class PgFrontDoor:
     """The PostgreSQL port of one worker."""
 
@@ -839,6 +861,7 @@ class PgFrontDoor:
         self.pool = ThreadPoolExecutor(2, thread_name_prefix="dpsql-pg-catalogue")
         settings = service.settings
         self.log = AccessLogFile(settings.access_log) if settings.access_log else None
+        self.tls = tls_context(settings.pg_tls_cert, settings.pg_tls_key)
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
 

@@ -393,3 +393,29 @@ def test_cap_under_concurrent_clients(tmp_path: Path) -> None:
         assert total == Cost.cap(ADMITTED * EPSILON, 0).epsilon_units
     finally:
         stop(running.process)
+
+
+def test_tls_is_required_with_a_certificate(tmp_path: Path) -> None:
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is not installed (to make a test certificate)")
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key),
+         "-out", str(cert), "-days", "1", "-subj", "/CN=127.0.0.1"],
+        check=True, capture_output=True, timeout=60,
+    )  # fmt: skip
+    running = serve(
+        tmp_path, "--pg-tls-cert", str(cert), "--pg-tls-key", str(key), postgres=True
+    )
+    try:
+        with connect(
+            running, running.alice, sslmode="verify-ca", sslrootcert=str(cert)
+        ) as connection:
+            assert connection.pgconn.ssl_in_use
+            sql = "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=0.01) COUNT(*) FROM requests"
+            assert connection.execute(sql).fetchone()[0] > 0
+        with pytest.raises(psycopg.OperationalError, match="TLS connections only"):
+            connect(running, running.alice, sslmode="disable")
+    finally:
+        stop(running.process)
