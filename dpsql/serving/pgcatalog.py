@@ -90,7 +90,9 @@ class Catalogue:
             self._connection.execute(ddl(False))
 
     def close(self) -> None:
-        self._connection.close()
+        """Close the database once no statement runs on it."""
+        with self._lock:
+            self._connection.close()
 
     def interrupt(self) -> None:
         """Stop the statement running on another thread."""

@@ -17,8 +17,9 @@ and dpsql's message, and charges nothing.
 
 Bounds: a message is refused past ``max_body_bytes`` before its body is read; the password must
 arrive within ``AUTH_TIMEOUT`` seconds; a connection idle for ``pg_idle_timeout`` seconds is
-closed; each worker accepts at most ``pg_max_connections``; a statement runs within
-``query_timeout`` seconds; a connection keeps at most ``MAX_PREPARED`` statements and portals.
+closed; each worker accepts at most ``pg_max_connections``; a query runs within
+``query_timeout`` seconds, a catalogue statement within ``CATALOGUE_TIMEOUT``; a connection
+keeps at most ``MAX_PREPARED`` statements and portals.
 """
 
 from __future__ import annotations
@@ -59,9 +60,11 @@ from dpsql.serving.problems import problem_for
 from dpsql.serving.service import Service
 from dpsql.serving.tokens import Identity
 
-__all__ = ["AUTH_TIMEOUT", "MAX_PREPARED", "PgFrontDoor", "tls_context"]
+__all__ = ["AUTH_TIMEOUT", "CATALOGUE_TIMEOUT", "MAX_PREPARED", "PgFrontDoor", "tls_context"]
 
 AUTH_TIMEOUT = 30.0
+CATALOGUE_TIMEOUT = 10.0
+"""Seconds a catalogue statement may run (at most ``query_timeout``): two per worker at a time."""
 MAX_PREPARED = 256
 _log = logging.getLogger("dpsql.serving")
 
@@ -401,6 +404,9 @@ class _Connection:
             self.send(wire.error_response("57P05", "connection timed out", severity="FATAL"))
         except (ConnectionError, asyncio.IncompleteReadError):
             return
+        except Exception as error:  # a defect: the log has it, the client one fixed message
+            sqlstate, message, _, _ = _refusal(error)
+            self.send(wire.error_response(sqlstate, message, severity="FATAL"))
         finally:
             await self._close()
 
@@ -408,8 +414,8 @@ class _Connection:
         with contextlib.suppress(ConnectionError, TimeoutError):
             await asyncio.wait_for(self.writer.drain(), 1)
         self.writer.close()
-        if self.catalogue is not None:
-            self.catalogue.close()
+        if self.catalogue is not None:  # on its thread: it waits for a statement still running
+            await asyncio.get_running_loop().run_in_executor(self.door.pool, self.catalogue.close)
 
     async def _startup_message(self) -> dict[str, str] | None:
         """The client's StartupMessage parameters, after TLS (with a certificate, required;
@@ -830,7 +836,7 @@ class _Connection:
             parse(bind_literals(statement.text, values)) if values else statement.expression
         )
         loop = asyncio.get_running_loop()
-        timeout = self.service.settings.query_timeout
+        timeout = min(CATALOGUE_TIMEOUT, self.service.settings.query_timeout)
         future = loop.run_in_executor(self.door.pool, catalogue.run, expression)
         try:
             return await asyncio.wait_for(future, timeout)
