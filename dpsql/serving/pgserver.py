@@ -29,7 +29,6 @@ import contextlib
 import hashlib
 import itertools
 import json
-import logging
 import secrets
 import ssl
 import struct
@@ -41,12 +40,12 @@ from typing import Any
 
 import duckdb
 
-from dpsql.engine.choices import MECHANISM_NAMES, STREAM_MECHANISMS
-from dpsql.engine.results import QueryResult, json_safe
-from dpsql.errors import DpsqlError, QueryError, SchemaError
+from dpsql.errors import DpsqlError, QueryError
 from dpsql.serving import pgwire as wire
 from dpsql.serving.access_log import AccessLogFile, new_line
-from dpsql.serving.pgcatalog import SERVER_VERSION, Catalogue, Rows, parse
+from dpsql.serving.pgcatalog import Catalogue, Rows, parse
+from dpsql.serving.pgreplies import notice, position, refusal, released
+from dpsql.serving.pgsession import REPORTED, SessionSettings
 from dpsql.serving.pgstatements import (
     PgError,
     Statement,
@@ -56,7 +55,6 @@ from dpsql.serving.pgstatements import (
     split,
     unqualified,
 )
-from dpsql.serving.problems import problem_for
 from dpsql.serving.service import Service
 from dpsql.serving.tokens import Identity
 
@@ -66,147 +64,6 @@ AUTH_TIMEOUT = 30.0
 CATALOGUE_TIMEOUT = 10.0
 """Seconds a catalogue statement may run (at most ``query_timeout``): two per worker at a time."""
 MAX_PREPARED = 256
-_log = logging.getLogger("dpsql.serving")
-
-# SQLSTATE of each problem type (``dpsql.serving.problems``).
-_SQLSTATES = {
-    "sql-syntax": "42601",
-    "unsupported-query": "0A000",
-    "schema": "42P01",
-    "time-limit": "57014",
-    "query": "22023",
-    "parameter": "22023",
-    "policy": "42501",
-    "budget-exceeded": "53400",
-    "privacy": "42501",
-    "ledger": "58000",
-    "execution": "XX000",
-    "unauthorized": "28P01",
-    "forbidden": "42501",
-    "not-found": "42704",
-    "too-large": "54000",
-    "rate-limited": "53400",
-    "timeout": "57014",
-    "internal": "XX000",
-}
-_STATUS = {"28": 401, "42501": 403, "53300": 409, "54000": 413, "57014": 504, "3D000": 404}
-_PROBLEMS = {401: "unauthorized", 403: "forbidden", 404: "not-found", 409: "too-many-connections"}
-_PROBLEMS |= {413: "too-large", 504: "timeout"}
-_DUCKDB_SQLSTATES = (
-    (duckdb.ParserException, "42601"),
-    (duckdb.CatalogException, "42P01"),
-    (duckdb.BinderException, "42703"),
-    (duckdb.PermissionException, "42501"),
-    (duckdb.InterruptException, "57014"),
-    (duckdb.OutOfMemoryException, "53200"),
-)
-
-_REPORTED = {
-    "server_version": SERVER_VERSION,
-    "server_encoding": "UTF8",
-    "client_encoding": "UTF8",
-    "DateStyle": "ISO, MDY",
-    "TimeZone": "UTC",
-    "IntervalStyle": "postgres",
-    "integer_datetimes": "on",
-    "standard_conforming_strings": "on",
-    "is_superuser": "off",
-    "application_name": "",
-}
-"""Parameters sent at start-up (ParameterStatus), with PostgreSQL's spelling."""
-_DEFAULTS = {name.lower(): value for name, value in _REPORTED.items()} | {
-    "transaction_isolation": "read committed",
-    "search_path": '"$user", public',
-    "extra_float_digits": "1",
-    "default_transaction_read_only": "on",
-    "transaction_read_only": "on",
-    "max_identifier_length": "63",
-    "lc_collate": "C",
-    "lc_ctype": "C",
-    "dpsql.intervals": "off",
-    "dpsql.epsilon": "",
-    "dpsql.delta": "",
-    "dpsql.mechanism": "",
-    "dpsql.accuracy": "",
-    "dpsql.max_answers": "",
-}
-_FIXED = {"server_version", "server_encoding", "is_superuser", "integer_datetimes"}
-_ON = {"on", "true", "yes", "1", "t"}
-_OFF = {"off", "false", "no", "0", "f"}
-
-
-def _number(name: str, value: str, *, integer: bool = False) -> None:
-    try:
-        number = int(value) if integer else float(value)
-    except ValueError:
-        kind = "an integer" if integer else "a number"
-        raise PgError("22023", f"{name} must be {kind}, got {value!r}") from None
-    if not number >= 0 or number == float("inf"):
-        raise PgError("22023", f"{name} must be a finite number >= 0, got {value!r}")
-
-
-class _Settings:
-    """The session's run-time parameters (``SET``/``SHOW``/``RESET``)."""
-
-    def __init__(self, startup: dict[str, str]):
-        self.values = dict(_DEFAULTS)
-        for name, value in startup.items():
-            if name.lower() in self.values and name.lower() not in _FIXED:
-                self.set(name, value)
-
-    def set(self, name: str, value: str) -> None:
-        name = name.lower()
-        value = value.strip()
-        if name in _FIXED:
-            raise PgError("55P02", f'parameter "{name}" cannot be changed')
-        if name == "client_encoding" and value.upper().replace("-", "") not in ("UTF8", "UNICODE"):
-            raise PgError("22023", "dpsql speaks UTF8 only")
-        if name.startswith("dpsql."):
-            if name not in _DEFAULTS:
-                raise PgError("42704", f'unrecognized configuration parameter "{name}"')
-            if name == "dpsql.intervals":
-                if value.lower() not in _ON | _OFF:
-                    raise PgError("22023", f"dpsql.intervals must be on or off, got {value!r}")
-                value = "on" if value.lower() in _ON else "off"
-            elif value.lower() == "default":
-                value = ""
-            elif name == "dpsql.mechanism":
-                if value not in (*MECHANISM_NAMES, *STREAM_MECHANISMS):
-                    names = ", ".join((*MECHANISM_NAMES, *STREAM_MECHANISMS))
-                    raise PgError("22023", f"dpsql.mechanism must be one of {names}")
-            else:
-                _number(name, value, integer=name == "dpsql.max_answers")
-        self.values[name] = value
-
-    def reset(self, name: str) -> None:
-        if name == "all":
-            kept = {n: v for n, v in self.values.items() if n in _FIXED}
-            self.values = {**_DEFAULTS, **kept}
-        else:
-            self.values[name] = _DEFAULTS.get(name, "")
-
-    def show(self, name: str) -> str:
-        if name not in self.values:
-            raise PgError("42704", f'unrecognized configuration parameter "{name}"')
-        return self.values[name]
-
-    @property
-    def intervals(self) -> bool:
-        return self.values["dpsql.intervals"] == "on"
-
-    def options(self) -> dict[str, Any]:
-        """The query options of ``Session.execute`` the session has set."""
-        values = self.values
-        floats = {
-            key: float(values[f"dpsql.{key}"]) if values[f"dpsql.{key}"] else None
-            for key in ("epsilon", "delta", "accuracy")
-        }
-        answers = values["dpsql.max_answers"]
-        return {
-            **floats,
-            "mechanism": values["dpsql.mechanism"] or None,
-            "max_answers": int(answers) if answers else None,
-        }
 
 
 @dataclass(frozen=True)
@@ -237,101 +94,6 @@ class _Portal:
     fields: tuple[wire.Field, ...] = field(default_factory=tuple)
 
 
-def _position(text: str, error: QueryError) -> int | None:
-    """The 1-based character position of ``error``'s line and column in ``text``."""
-    if error.line is None or error.column is None:
-        return None
-    lines = text.split("\n")
-    if error.line > len(lines):
-        return None
-    return sum(len(line) + 1 for line in lines[: error.line - 1]) + max(error.column, 1)
-
-
-def _refusal(error: Exception) -> tuple[str, str, int, str]:
-    """SQLSTATE, message, the HTTP status it stands for and the problem type of ``error``."""
-    if isinstance(error, PgError):
-        status = _STATUS.get(error.sqlstate, _STATUS.get(error.sqlstate[:2], 400))
-        name = _PROBLEMS.get(status, "postgres")
-        return error.sqlstate, str(error), status, f"urn:dpsql:problem:{name}"
-    if isinstance(error, DpsqlError):
-        problem = problem_for(error)
-        sqlstate = _SQLSTATES.get(problem.name, "XX000")
-        message = str(error)
-        if isinstance(error, SchemaError) and "column" in message.split("(", 1)[0]:
-            sqlstate = "42703"
-        if isinstance(error, QueryError) and error.line is not None:
-            message = message.rsplit(" (line ", 1)[0]
-        return sqlstate, message, problem.status, problem.to_dict()["type"]
-    if isinstance(error, duckdb.Error):
-        sqlstate = next((s for kind, s in _DUCKDB_SQLSTATES if isinstance(error, kind)), "22000")
-        message = str(error).split("\n", 1)[0]
-        return sqlstate, message, 400, "urn:dpsql:problem:catalogue"
-    _log.error("unexpected error on the PostgreSQL port", exc_info=error)
-    return (
-        "XX000",
-        "internal error; the administrator's log has the details",
-        500,
-        ("urn:dpsql:problem:internal"),
-    )
-
-
-def _notice(result: QueryResult, intervals: bool) -> bytes:
-    """The NOTICE before an answer: what it cost and how accurate it is."""
-    spent = (
-        f"ledger entry {result.ledger_entry}: epsilon {result.epsilon:g}, delta "
-        f"{result.delta:g}, mechanism {result.mechanism}"
-    )
-    level = f"{result.confidence:.0%}"
-    if len(result.rows) == 1 and result.intervals:
-        shown = ", ".join(
-            f"{name} [{_bound(pairs[0][0])}, {_bound(pairs[0][1])}]"
-            for name, pairs in result.intervals.items()
-        )
-        accuracy = f"{level} intervals: {shown}"
-    elif intervals or not result.intervals:
-        accuracy = f"{level} intervals in the <column>_low/_high columns" if intervals else ""
-    else:
-        accuracy = f"{level} intervals: SET dpsql.intervals = on for <column>_low/_high columns"
-    detail = {
-        "ledger_entry": result.ledger_entry,
-        "epsilon": result.epsilon,
-        "delta": result.delta,
-        "mechanism": result.mechanism,
-        "confidence": result.confidence,
-        "noise_scale": result.noise_scale,
-    }
-    text = f"dpsql: {spent}" + (f"; {accuracy}" if accuracy else "")
-    return wire.fields(
-        b"N",
-        [
-            ("S", "NOTICE"),
-            ("V", "NOTICE"),
-            ("C", "00000"),
-            ("M", text),
-            ("D", json.dumps(json_safe(detail), default=str)),
-        ],
-    )
-
-
-def _bound(value: float | None) -> str:
-    return "null" if value is None else f"{value:g}"
-
-
-def _released(result: QueryResult, intervals: bool) -> Rows:
-    """The answer as a result set (with ``<col>_low``/``<col>_high`` when ``intervals``)."""
-    if intervals:
-        names, rows = result.interval_table()
-    else:
-        names, rows = list(result.columns), [list(row) for row in result.rows]
-    bounds = {f"{n}_{side}" for n in result.intervals for side in ("low", "high")}
-    columns = []
-    for index, name in enumerate(names):
-        default = wire.FLOAT8 if name in bounds or name in result.intervals else wire.TEXT_OID
-        oid = wire.value_type_oid([row[index] for row in rows], default)
-        columns.append(wire.Field(name, wire.FLOAT8 if name in bounds else oid))
-    return Rows(tuple(columns), tuple(tuple(row) for row in rows))
-
-
 def _formats(codes: Sequence[int], count: int) -> list[int]:
     """The result format of each of ``count`` columns from a Bind's format codes."""
     if not codes:
@@ -357,7 +119,7 @@ class _Connection:
         self.client = peer[0] if isinstance(peer, tuple) else None
         self.identity: Identity | None = None
         self.catalogue: Catalogue | None = None
-        self.settings = _Settings({})
+        self.settings = SessionSettings({})
         self.transaction = b"I"
         self.prepared: dict[str, _Prepared] = {}
         self.portals: dict[str, _Portal] = {}
@@ -405,7 +167,7 @@ class _Connection:
         except (ConnectionError, asyncio.IncompleteReadError):
             return
         except Exception as error:  # a defect: the log has it, the client one fixed message
-            sqlstate, message, _, _ = _refusal(error)
+            sqlstate, message, _, _ = refusal(error)
             self.send(wire.error_response(sqlstate, message, severity="FATAL"))
         finally:
             await self._close()
@@ -457,9 +219,9 @@ class _Connection:
                 if parameters is None:
                     return False
                 identity = await self._authenticate(parameters)
-                self.settings = _Settings(self._options(parameters))  # refuses bad values
+                self.settings = SessionSettings(self._options(parameters))  # refuses bad values
         except (PgError, DpsqlError) as error:
-            sqlstate, text, status, problem = _refusal(error)
+            sqlstate, text, status, problem = refusal(error)
             line = self._line("pg:startup")  # with the token, once one was recognised
             line |= {"status": status, "problem": problem, "sqlstate": sqlstate}
             self._log(line, started)
@@ -468,7 +230,7 @@ class _Connection:
         self.identity = identity
         line = self._line("pg:startup") | {"status": 200, "sqlstate": "00000"}
         self._log(line, started)
-        reported = {**_REPORTED, "application_name": self.settings.show("application_name")}
+        reported = {**REPORTED, "application_name": self.settings.show("application_name")}
         self.send(
             wire.message(b"R", struct.pack("!i", 0)),
             *(wire.parameter_status(n, v) for n, v in reported.items()),
@@ -567,9 +329,9 @@ class _Connection:
             await self.flush()
 
     def _error(self, error: Exception, text: str) -> None:
-        sqlstate, message, _, _ = _refusal(error)
-        position = _position(text, error) if isinstance(error, QueryError) else None
-        self.send(wire.error_response(sqlstate, message, position=position))
+        sqlstate, message, _, _ = refusal(error)
+        at = position(text, error) if isinstance(error, QueryError) else None
+        self.send(wire.error_response(sqlstate, message, position=at))
         if self.transaction == b"T":
             self.transaction = b"E"
 
@@ -737,7 +499,7 @@ class _Connection:
                 line["sql_sha256"] = digest
             outcome = await self._dispatch(statement, values, line)
         except (PgError, DpsqlError, duckdb.Error) as error:
-            sqlstate, _, status, problem = _refusal(error)
+            sqlstate, _, status, problem = refusal(error)
             line |= {"status": status, "problem": problem, "sqlstate": sqlstate}
             raise
         finally:
@@ -787,7 +549,7 @@ class _Connection:
         return _Outcome(statement.tag)
 
     def _reported(self, name: str) -> tuple[bytes, ...]:
-        spelled = next((n for n in _REPORTED if n.lower() == name), None)
+        spelled = next((n for n in REPORTED if n.lower() == name), None)
         if spelled is None:
             return ()
         value = self.settings.show(name)
@@ -809,9 +571,9 @@ class _Connection:
             "delta": result.delta,
             "ledger_entry": result.ledger_entry,
         }
-        rows = _released(result, self.settings.intervals)
+        rows = released(result, self.settings.intervals)
         return _Outcome(
-            f"SELECT {len(rows.rows)}", rows, before=(_notice(result, self.settings.intervals),)
+            f"SELECT {len(rows.rows)}", rows, before=(notice(result, self.settings.intervals),)
         )
 
     async def _explain(self, text: str, values: list[Any]) -> _Outcome:
