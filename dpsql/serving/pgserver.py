@@ -374,8 +374,7 @@ class _Connection:
     async def _parse(self, reader: wire.Reader) -> None:
         name, text = reader.string(), reader.string()
         oids = [reader.int32() for _ in range(reader.int16())]
-        self.service.within_sql_length("sql", text)
-        statement = classify(text, self._tables, self._dataset)
+        statement = self._classify(text)
         self._kept(self.prepared, name, _Prepared(text, statement, oids))
         self.send(wire.message(b"1"))
 
@@ -487,13 +486,11 @@ class _Connection:
         self, text: str, values: list[Any], statement: Statement | None = None
     ) -> _Outcome:
         """Answer one statement (its access-log line written whatever happens)."""
+        if statement is None:
+            statement = self._classify(text)  # a refusal here is logged there
         started = time.perf_counter()
-        line = self._line("pg:statement")
+        line = self._line(f"pg:{statement.kind}")
         try:
-            self.service.within_sql_length("sql", text)
-            if statement is None:
-                statement = classify(text, self._tables, self._dataset)
-            line["endpoint"] = f"pg:{statement.kind}"
             if statement.kind in ("query", "explain", "catalog"):
                 digest = hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()
                 line["sql_sha256"] = digest
@@ -502,11 +499,27 @@ class _Connection:
             sqlstate, _, status, problem = refusal(error)
             line |= {"status": status, "problem": problem, "sqlstate": sqlstate}
             raise
+        except Exception:
+            line |= {"status": 500, "problem": "urn:dpsql:problem:internal", "sqlstate": "XX000"}
+            raise
+        else:
+            line |= {"status": 200, "sqlstate": "00000"}
+            return outcome
         finally:
-            if "sqlstate" not in line:
-                line |= {"status": 200, "sqlstate": "00000"}
             self._log(line, started)
-        return outcome
+
+    def _classify(self, text: str) -> Statement:
+        """What ``text`` is; a statement refused here gets its access-log line too."""
+        started = time.perf_counter()
+        try:
+            self.service.within_sql_length("sql", text)
+            return classify(text, self._tables, self._dataset)
+        except (PgError, DpsqlError) as error:
+            sqlstate, _, status, problem = refusal(error)
+            line = self._line("pg:statement")
+            line |= {"status": status, "problem": problem, "sqlstate": sqlstate}
+            self._log(line, started)
+            raise
 
     async def _dispatch(
         self, statement: Statement, values: list[Any], line: dict[str, Any]

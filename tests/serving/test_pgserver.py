@@ -345,6 +345,8 @@ def test_access_log_has_statements_without_literals(server: tuple[Server, Path])
         connection.execute(f"{COUNT} WHERE country = '{SECRET_LITERAL}'")
         with pytest.raises(psycopg.Error):
             connection.execute(f"SELECT user_id FROM requests WHERE country = '{SECRET_LITERAL}'")
+        with pytest.raises(psycopg.Error):  # refused when parsed, before it is a query
+            connection.execute(f"DELETE FROM requests WHERE country = '{SECRET_LITERAL}'")
     time.sleep(0.3)
     text = log.read_text()
     assert f"'{SECRET_LITERAL}'" not in text and "WHERE" not in text
@@ -355,7 +357,8 @@ def test_access_log_has_statements_without_literals(server: tuple[Server, Path])
     assert last["analyst"] == "alice" and last["epsilon"] == pytest.approx(0.01)
     assert last["ledger_entry"] == charges(running)[-1]["seq"]
     refused = [line for line in lines if line.get("sqlstate") == "0A000"]
-    assert refused and refused[-1]["status"] == 400
+    assert [line["endpoint"] for line in refused[-2:]] == ["pg:query", "pg:statement"]
+    assert all(line["status"] == 400 and line["analyst"] == "alice" for line in refused)
 
 
 def test_cap_under_concurrent_clients(tmp_path: Path) -> None:
