@@ -281,6 +281,36 @@ def test_psql(server: tuple[Server, Path]) -> None:
     assert len(charges(running)) == before + 1
 
 
+JDBC = Path("/usr/share/java/postgresql.jar")
+
+
+def test_jdbc(server: tuple[Server, Path]) -> None:
+    """pgjdbc, the driver of Metabase and DBeaver: metadata, a prepared query, its notice."""
+    java = shutil.which("java")
+    if java is None or not JDBC.exists():
+        pytest.skip("java or pgjdbc (Debian's libpostgresql-jdbc-java) is not installed")
+    running, _ = server
+    before = len(charges(running))
+    probe = Path(__file__).parent / "fixtures" / "JdbcProbe.java"
+    done = subprocess.run(
+        [java, "-cp", str(JDBC), str(probe), str(running.pg_port), running.alice],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "product PostgreSQL" in lines
+    assert [line for line in lines if line.startswith("table ")] == ["table requests"]
+    assert "column user_id int8" in lines and "column latency_ms float8" in lines
+    assert "types text int8" in lines
+    assert len([line for line in lines if line.startswith("row ")]) == 5
+    entry = charges(running)[-1]
+    assert len(charges(running)) == before + 1 and entry["epsilon"] == pytest.approx(0.02)
+    assert f"warning dpsql: ledger entry {entry['seq']}: epsilon 0.02" in done.stdout
+    assert "refused 0A000" in lines
+
+
 def _startup(port: int, user: str, password: str, database: str = "demo") -> dict[str, str]:
     """Sign in with the bare protocol; the fields of the ErrorResponse, or {} on success."""
     with socket.create_connection(("127.0.0.1", port), timeout=20) as sock:
