@@ -152,10 +152,16 @@ def classify(text: str, tables: frozenset[str], dataset: str) -> Statement:
     text = text.strip().rstrip(";").strip()
     if not text:
         return Statement("empty", text)
-    first = text.split(None, 1)[0].upper().rstrip("(")
+    tokens = _tokens(text)
+    words = [t for t in tokens or [] if t.token_type != TokenType.L_PAREN]
+    if not words:  # an unreadable statement (unclosed quote): the engine names the error
+        return Statement("query", text)
+    start = tokens[0].start if tokens else 0
+    query = text  # a query keeps its comments: the engine's positions count them
+    first, text = words[0].text.upper(), text[start:]
     if first == "SET":
         return _set(text)
-    rest = text[len(first) :].strip()
+    rest = text[words[0].end + 1 - start :].strip()
     if first == "RESET":
         return Statement("reset", text, name=_unquoted(rest).lower())
     if first == "SHOW":
@@ -177,20 +183,19 @@ def classify(text: str, tables: frozenset[str], dataset: str) -> Statement:
         if rest.upper().startswith(("ANALYZE", "(")):
             raise PgError("0A000", "EXPLAIN ANALYZE would run the query; send EXPLAIN <query>")
         return Statement("explain", text, value=rest)
-    if first not in ("SELECT", "WITH", "VALUES", "TABLE", ""):
+    if first not in ("SELECT", "WITH", "VALUES", "TABLE"):
         raise PgError("0A000", f"dpsql answers SELECT queries only; {first} is not supported")
-    tokens = _tokens(text)
-    if tokens is None or any(t.text.upper() == "DIFFERENTIAL_PRIVACY" for t in tokens):
-        return Statement("query", text)
+    if any(t.text.upper() == "DIFFERENTIAL_PRIVACY" for t in words):
+        return Statement("query", query)
     try:
-        expression = parse(text)
+        expression = parse(query)
     except ParseError:
-        return Statement("query", text)  # the engine names the syntax error
+        return Statement("query", query)  # the engine names the syntax error
     if any(_names_data(t, tables, dataset) for t in _tables(expression)):
-        return Statement("query", text)
+        return Statement("query", query)
     if not isinstance(expression, exp.Query):
         raise PgError("0A000", "dpsql answers SELECT queries only")
-    return Statement("catalog", text, expression=expression)
+    return Statement("catalog", query, expression=expression)
 
 
 def _literal(value: Any) -> str:

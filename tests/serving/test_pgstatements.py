@@ -106,3 +106,11 @@ def test_unqualified_keeps_positions() -> None:
     blanked = unqualified(sql, "demo")
     assert len(blanked) == len(sql)
     assert " ".join(blanked.split()) == "SELECT t.c FROM t JOIN u ON public_x = 1"
+
+
+def test_leading_comments_and_parentheses() -> None:
+    query = classify("-- monthly\n(SELECT COUNT(*) FROM requests)", TABLES, "demo")
+    assert (query.kind, query.text) == ("query", "-- monthly\n(SELECT COUNT(*) FROM requests)")
+    setting = classify("/* tool */ SET dpsql.epsilon = 0.1", TABLES, "demo")
+    assert (setting.kind, setting.name, setting.value) == ("set", "dpsql.epsilon", "0.1")
+    assert classify("SELECT 'unclosed", TABLES, "demo").kind == "query"  # the engine refuses
