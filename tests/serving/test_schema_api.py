@@ -216,7 +216,11 @@ def test_a_reports_answers_are_fetched_by_entry_and_query_name(
     bare = server.call("GET", f"/v1/results/{seq}", server.bob)  # names no query of alice's
     for response in (unknown, theirs, bare):
         assert_problem(response, 404, "not-found")
-    assert len(server.entries()) == before  # nothing charged again
     assert database_result(server.database, seq, query="by_country").rows == (
         done.results["by_country"].rows
     )
+    for where in (("--url", server.url, "--token", server.alice), ("--db", str(server.database))):
+        printed = run_cli("result", str(seq), "--query", "total", "--format", "json", *where)
+        assert printed.returncode == 0, printed.stderr
+        assert json.loads(printed.stdout)["rows"] == document["results"]["total"]["rows"]
+    assert len(server.entries()) == before  # nothing charged again
