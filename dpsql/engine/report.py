@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from dpsql.accountant.events import SequentialEvent, event_to_dict, total
 from dpsql.accountant.units import Cost, check_budget_value
@@ -337,6 +338,7 @@ def run_report(
             results[query.name] = answer.model_copy(
                 update={"epsilon": query.cost.epsilon, "delta": query.cost.delta}
             )
+        session.keep_report(entry.seq, results)  # fetched again by entry and name, for free
         audit = _audit(session, entry.seq)
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
@@ -400,6 +402,15 @@ def results_document(
         "verify": audit["verify"],
         "period": audit.get("period"),
         "results": {name: result.to_dict() for name, result in results.items()},
+        "stored_results": {
+            name: {
+                "ledger_entry": audit["entry"]["seq"],
+                "query": name,
+                "cli": f"dpsql result {audit['entry']['seq']} --query {name}",
+                "http": f"/v1/results/{audit['entry']['seq']}?query={quote(name)}",
+            }
+            for name in results
+        },
     }
 
 

@@ -508,9 +508,14 @@ class Session:
         self._results.save(result)
         return result
 
-    def result(self, seq: int) -> QueryResult:
-        """An answer this analyst already paid for (ledger entry ``seq``), again, for free."""
-        return self._results.get(seq, self.analyst)
+    def result(self, seq: int, query: str | None = None) -> QueryResult:
+        """An answer this analyst already paid for (ledger entry ``seq``; of a report, its query
+        named ``query``), again, for free."""
+        return self._results.get(seq, self.analyst, query)
+
+    def keep_report(self, seq: int, results: dict[str, QueryResult]) -> None:
+        """Store a report's answers under its ledger entry ``seq`` (``result(seq, name)``)."""
+        self._results.save_report(seq, results)
 
     def contributions(
         self,
@@ -750,13 +755,16 @@ def database_ledger(database: str | Path, analyst: str | None = None) -> list[di
     return [e.to_dict() for e in entries if analyst is None or e.analyst == analyst]
 
 
-def database_result(database: str | Path, seq: int, analyst: str | None = None) -> QueryResult:
-    """The answer stored under ledger entry ``seq`` (the administrator's view), or with
-    ``analyst`` only if that analyst paid for it; the ledger is verified first."""
+def database_result(
+    database: str | Path, seq: int, analyst: str | None = None, query: str | None = None
+) -> QueryResult:
+    """The answer stored under ledger entry ``seq`` (of a report: its query ``query``), the
+    administrator's view, or with ``analyst`` only if that analyst paid for it; the ledger is
+    verified first."""
     _open_ledger(database).close()
     store = ResultStore(ledger_path(database))
     try:
-        return store.get(seq, analyst)
+        return store.get(seq, analyst, query)
     finally:
         store.close()
 
