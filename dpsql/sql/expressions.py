@@ -232,10 +232,10 @@ def clamped(
     node: exp.Expression, bounds: Mapping[str, Interval | None], kinds: Mapping[str, ColumnKind]
 ) -> exp.Expression:
     """``node`` as the database runs it: every number in a value is a DOUBLE (numeric columns
-    clamped to their bounds when they have them, NaN as NULL; booleans as 0/1; numeric literals
-    as DOUBLE literals), so no arithmetic can overflow or fail on any row (DOUBLE arithmetic
-    saturates to infinities); CASE conditions are left as written (they compare columns with
-    literals of their own type)."""
+    clamped to their bounds when they have them, NULL and NaN as NULL; booleans as 0/1; numeric
+    literals as DOUBLE literals), so no arithmetic can overflow or fail on any row (DOUBLE
+    arithmetic saturates to infinities); CASE conditions are left as written (they compare
+    columns with literals of their own type)."""
     node = exp.Paren(this=node.copy())  # a root of its own, so that ``node`` itself is replaced
     for literal in list(node.find_all(exp.Literal)):
         if literal.is_string or in_condition(literal):
@@ -255,8 +255,11 @@ def clamped(
             column.replace(exp.maybe_parse(value, dialect="duckdb"))
             continue
         low, high = (repr(float(v)) for v in interval)
+        # LEAST and GREATEST skip NULLs (in DuckDB and Spark alike): without the IS NULL test a
+        # missing value would read as the lower bound.
         text = (
-            f"(CASE WHEN ISNAN({value}) THEN NULL ELSE LEAST(GREATEST({value}, {low}), {high}) END)"
+            f"(CASE WHEN {value} IS NULL OR ISNAN({value}) THEN NULL "
+            f"ELSE LEAST(GREATEST({value}, {low}), {high}) END)"
         )
         column.replace(exp.maybe_parse(text, dialect="duckdb"))
     return node.this

@@ -140,3 +140,24 @@ def test_sums_without_bounds_are_refused_before_the_charge() -> None:
         with_virtual_bounds(shape, table)
     counted = analyze(parse("SELECT COUNT(CASE WHEN a > 0 THEN uid END) FROM t"), CATALOG)
     assert with_virtual_bounds(counted, table)[0].virtual
+
+
+@pytest.mark.parametrize("argument", ARGUMENTS)
+def test_a_missing_value_stays_missing(argument: str) -> None:
+    """Clamping changes no value's NULL-ness (finite inputs): a NULL column is not read as a
+    bound (LEAST and GREATEST skip NULLs; without the IS NULL test, NULL rows counted at the
+    lower bound)."""
+    expression = _virtual(argument)
+    run = expressions.clamped(expression, BOUNDS, KINDS).sql(dialect="duckdb")
+    native = expressions.clamped(expression, {}, KINDS).sql(dialect="duckdb")
+    connection = duckdb.connect()
+    connection.execute("CREATE TABLE t (uid BIGINT, a INTEGER, b DOUBLE, c DOUBLE, f BOOLEAN)")
+    finite = {k: [v for v in vs if v is None or math.isfinite(v)] for k, vs in EDGES.items()}
+    rows = list(itertools.product(finite["a"], finite["b"], finite["c"], finite["f"]))
+    connection.executemany("INSERT INTO t VALUES (1, ?, ?, ?, ?)", rows)
+    found = connection.execute(
+        f"SELECT ({run}) IS NULL, ({native}) IS NULL FROM t WHERE a IS NULL OR b IS NULL "
+        "OR c IS NULL OR f IS NULL"
+    ).fetchall()
+    connection.close()
+    assert found and all(clamped == own for clamped, own in found), argument
