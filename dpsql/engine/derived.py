@@ -8,8 +8,10 @@ Intervals: a column that copies a released aggregate keeps its interval; a colum
 monotone function of one released aggregate (other inputs constant within the row, e.g.
 ``COUNT(*) * 100 / 545``) gets the image of that interval, which covers the function of the true
 value whenever the released interval covers the true value, so its confidence is unchanged.
-Anything else (a ratio of two released values, a window over rows) gets no interval: the result
-names it in ``details["derived"]`` and its ``measures`` entry says so.
+A column that is exactly a two-column moment (CORR, COVAR_*, REGR_*) gets a conservative interval
+from its components' (``dpsql.engine.moments``), named in ``details["post_processing"]
+["moments"]``. Anything else (a ratio of two released values, a window over rows) gets no
+interval: the result names it in ``details["derived"]`` and its ``measures`` entry says so.
 
 Post-processing is bounded: it runs within the request's time limit (``dpsql.deadline``
 interrupts the sandbox), under the sandbox's memory limit, with the functions
@@ -20,14 +22,18 @@ from __future__ import annotations
 
 import datetime as dt
 import decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
 
 from dpsql import deadline
+from dpsql.engine.moments import component_laws, moment_answers
 from dpsql.engine.results import QueryResult
 from dpsql.sql.postprocess import RELEASED, ROW, PostProcess, create_released, sandbox
+
+if TYPE_CHECKING:
+    from dpsql.engine.planner import QueryPlan
 
 __all__ = ["post_processed"]
 
@@ -101,9 +107,13 @@ def _image(post: PostProcess, result: QueryResult, name: str) -> dict[int, tuple
     return image
 
 
-def post_processed(result: QueryResult, post: PostProcess) -> QueryResult:
-    """``result`` after ``post``'s outer query, with intervals where they are exact."""
-    _, rows = _run(post, _released(result, post, None), post.outer)
+def post_processed(
+    result: QueryResult, post: PostProcess, plan: QueryPlan | None = None
+) -> QueryResult:
+    """``result`` after ``post``'s outer query, with intervals where they are exact, and
+    conservative ones for moments when ``plan`` (the released plan: its noise laws) is given."""
+    frame = _released(result, post, None)
+    _, rows = _run(post, frame, post.outer)
     width = len(post.columns)
     row_numbers = [row[width] for row in rows] if post.rowwise else []
     values = [tuple(row[:width]) for row in rows]
@@ -138,6 +148,16 @@ def post_processed(result: QueryResult, post: PostProcess) -> QueryResult:
         "derived": dict(post.derived),
         "cost": "none: computed from the released answer only",
     }
+    if post.moment_columns and post.rowwise:
+        half_width, epsilons = component_laws(plan) if plan is not None else (None, {})
+        columns = {c for m in post.moment_columns.values() for c in m.released.values()}
+        components = {c: frame[c].to_numpy(dtype=float)[row_numbers] for c in columns}
+        found, described, moments = moment_answers(
+            post.moment_columns, components, result.confidence, half_width, epsilons
+        )
+        intervals.update(found)
+        measures.update(described)
+        details["post_processing"]["moments"] = moments
     return result.model_copy(
         update={
             "columns": list(post.columns),

@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from sqlglot import exp
 
+from dpsql.engine.moments import check_bounds
 from dpsql.engine.policy import TablePolicy
 from dpsql.errors import PolicyError
 from dpsql.sql.expressions import (
@@ -54,6 +55,7 @@ def with_virtual_bounds(shape: QueryShape, table: TablePolicy) -> tuple[QuerySha
     virtual = getattr(shape, "virtual", None) or {}
     if not virtual:
         return shape, table
+    check_bounds(shape, table)  # a two-column moment names its missing bounds itself
     declared = {name: rules.bounds for name, rules in table.columns.items()}
     summed = {a.column for a in shape.aggregates if a.kind.value in ("sum", "avg")}
     columns = dict(table.columns)

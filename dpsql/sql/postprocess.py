@@ -30,6 +30,7 @@ import duckdb
 from sqlglot import exp
 
 from dpsql.errors import SchemaError, UnsupportedQueryError
+from dpsql.sql import moments
 from dpsql.sql.parse import ParsedQuery
 from dpsql.sql.shape import AggregateKind, GroupKey, QueryShape
 
@@ -58,8 +59,8 @@ _ALLOWED_FUNCTIONS: tuple[type[exp.Func], ...] = tuple(
         # arithmetic, rounding and comparison of numbers
         "Abs", "Ceil", "Exp", "Floor", "Greatest", "Least", "Ln", "Log", "Pow", "Round",
         "SafeDivide", "Sign", "Sqrt",
-        # conditionals and casts
-        "Case", "Cast", "Coalesce", "If", "Nullif", "TryCast",
+        # conditionals, their connectives, and casts
+        "And", "Case", "Cast", "Coalesce", "If", "Nullif", "Or", "TryCast",
         # aggregates and window functions over the released rows
         "Avg", "Count", "CumeDist", "DenseRank", "FirstValue", "Lag", "LastValue", "Lead",
         "Max", "Median", "Min", "NthValue", "Ntile", "PercentRank", "PercentileCont",
@@ -99,6 +100,11 @@ class PostProcess:
     rowwise: bool
     types: dict[str, str] = field(default_factory=dict)
     """The DuckDB type of each released column."""
+    bivariate: tuple[moments.Moment, ...] = ()
+    """Every two-column statistic of the query (``dpsql.sql.moments``)."""
+    moment_columns: dict[str, moments.Moment] = field(default_factory=dict)
+    """Output columns that are exactly a two-column statistic, with the released column of each
+    of its components: they get a conservative interval (``dpsql.engine.moments``)."""
 
     def describe(self) -> dict[str, object]:
         """What EXPLAIN shows: the outer query and which values are derived from which."""
@@ -111,6 +117,8 @@ class PostProcess:
                 name: (
                     "the released interval"
                     if name in self.copies
+                    else moments.INTERVAL
+                    if name in self.moment_columns
                     else f"the image of {self.released_columns[self.exact[name][0]]}'s interval"
                     if name in self.exact
                     else "none (combines several released values or rows)"
@@ -249,7 +257,18 @@ class _Splitter:
             (node.this if isinstance(node, exp.Alias) else node).copy()
             for node in select.expressions
         ]
-        outer_items = [_moments(item) for item in outer_items]
+        exact = {
+            name: replace(
+                moment,
+                released={
+                    role: _text(exp.maybe_parse(sql, dialect="duckdb"))
+                    for role, sql in moments.components_of(item).items()
+                },
+            )
+            for item, name in zip(outer_items, names, strict=True)
+            if (moment := moments.bivariate(item)) is not None
+        }
+        outer_items = [moments.rewritten(item, self.reject) for item in outer_items]
         key_names = [f"__dp_g{i}" for i in range(len(group_exprs))]
         group_text = [_text(g) for g in group_exprs]
 
@@ -278,7 +297,7 @@ class _Splitter:
             outer = outer.select(exp.alias_(lift(item), name, quoted=True), copy=False)
         filtered = exp.select("*").from_(RELEASED)
         if having is not None:
-            lifted = lift(_moments(having.this.copy()))
+            lifted = lift(moments.rewritten(having.this.copy(), self.reject))
             if not keep_having:
                 filtered = filtered.where(lifted, copy=False)
         outer = outer.from_(
@@ -290,7 +309,7 @@ class _Splitter:
             if value is not None:
                 value = value.copy()
                 if clause in ("order", "qualify"):
-                    value = lift(_moments(value))
+                    value = lift(moments.rewritten(value, self.reject))
                 outer.set(clause, value)
 
         output_names = {n.lower(): n for n in names}
@@ -338,11 +357,27 @@ class _Splitter:
                 "over the released groups, e.g. SUM(COUNT(*)) OVER ())",
             )
         agg_names = tuple(f"__dp_a{i}" for i in range(len(aggregates)))
-        return self.inner(inner), self.finish(
+        texts = list(aggregates)
+        for name, moment in exact.items():
+            named = {r: f"__dp_a{texts.index(t)}" for r, t in moment.released.items()}
+            exact[name] = replace(moment, released=named)
+        post = self.finish(
             outer, released, agg_names, tuple(key_names), [text for _, text in items]
+        )
+        return self.inner(inner), replace(
+            post, bivariate=tuple(self.moments_in(select)), moment_columns=exact
         )
 
     # pieces -------------------------------------------------------------------------------------
+    def moments_in(self, node: exp.Expression) -> list[moments.Moment]:
+        """The two-column statistics of ``node`` outside windows."""
+        found = []
+        for candidate in node.find_all(*moments.BIVARIATE):
+            moment = moments.bivariate(candidate)
+            if moment is not None:
+                found.append(moment)
+        return found
+
     def group_expressions(self, select: exp.Select) -> list[exp.Expression]:
         """GROUP BY items with positions and select-list aliases resolved; GROUP BY ALL is every
         selected expression that holds no aggregate."""
@@ -483,38 +518,6 @@ class _Splitter:
             derived=derived,
             rowwise=rowwise,
         )
-
-
-_SAMPLE = (exp.Variance, exp.Stddev, exp.StddevSamp)
-_POPULATION = (exp.VariancePop, exp.StddevPop)
-_ROOTS = (exp.Stddev, exp.StddevSamp, exp.StddevPop)
-
-
-def _moments(node: exp.Expression) -> exp.Expression:
-    """``node`` with every VAR/STDDEV (sample or population) of ``x`` written in the released
-    moments ``COUNT(x)``, ``SUM(x)`` and ``SUM(x * x)`` (each noised by dpsql): the variance is
-    ``(S2 - S1 * S1 / n) / (n - 1)`` (``/ n`` for the population), floored at 0, NULL when the
-    noisy count leaves too few rows. Post-processing: no interval, nothing more to pay."""
-    for found in list(node.find_all(*_SAMPLE, *_POPULATION)):
-        if isinstance(found.parent, exp.Window) or found.args.get("expressions"):
-            continue
-        value = found.this
-        n = f"COUNT({value.sql(dialect='duckdb')})"
-        s1 = f"SUM({value.sql(dialect='duckdb')})"
-        s2 = f"SUM(({value.sql(dialect='duckdb')}) * ({value.sql(dialect='duckdb')}))"
-        fewest, divisor = ("1", f"{n} - 1") if isinstance(found, _SAMPLE) else ("0", n)
-        variance = (
-            f"CASE WHEN {n} > {fewest} THEN GREATEST(({s2} - {s1} * {s1} / {n}) / ({divisor}), 0)"
-            " END"
-        )
-        text = f"SQRT({variance})" if isinstance(found, _ROOTS) else variance
-        replacement = exp.maybe_parse(text, dialect="duckdb")
-        for column in replacement.find_all(exp.Column):
-            column.meta.update(value.meta)
-        if found is node:
-            return replacement
-        found.replace(replacement)
-    return node
 
 
 def _item(node: exp.Expression, dialect: str) -> tuple[str, str]:
