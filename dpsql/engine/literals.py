@@ -29,11 +29,12 @@ import pandas as pd
 import sqlglot
 from sqlglot import exp
 
+from dpsql.engine.calendars import calendar_bounds, calendar_domain
 from dpsql.engine.policy import Policy, PublicKey, TablePolicy
 from dpsql.engine.virtual_columns import with_virtual_bounds
 from dpsql.errors import PolicyError, UnsupportedQueryError
-from dpsql.sql import expressions
-from dpsql.sql.analyze import temporal_pattern
+from dpsql.sql import calendar, expressions
+from dpsql.sql.analyze import is_enum, temporal_pattern
 from dpsql.sql.filters import check_unit_filters
 from dpsql.sql.partition import domain_probe, mentions, restrict
 from dpsql.sql.shape import ColumnKind, QueryShape
@@ -257,7 +258,23 @@ class Binder:
         if table is not None and shape.virtual:
             shape = replace(shape, domains=self.bin_domains(shape, table))
             self.check_types(shape, table)
+        if table is not None and shape.range_join is None:
+            shape = replace(shape, domains={**shape.domains, **self.enum_domains(shape, table)})
         return BoundShape(shape, partition)
+
+    def enum_domains(self, shape: QueryShape, table: TablePolicy) -> dict[str, tuple[str, ...]]:
+        """The values of each ENUM group column without declared public keys, read from its
+        type by the database: the ENUM's values are public schema (every analyst sees the type),
+        so they are the key domain, in the ENUM's order."""
+        domains: dict[str, tuple[str, ...]] = {}
+        for column in shape.group_by:
+            type_name = shape.types.get(column, "")
+            if is_enum(type_name) and table.column(column).public_keys is None:
+                frame = self._run(
+                    f"SELECT CAST(unnest(enum_range(NULL::{type_name})) AS VARCHAR) AS __key"
+                )
+                domains[column] = tuple(str(v) for v in frame["__key"])
+        return domains
 
     # expressions --------------------------------------------------------------------------------
     def bin_domains(self, shape: QueryShape, table: TablePolicy) -> dict[str, tuple[int, ...]]:
@@ -265,12 +282,16 @@ class Binder:
         over the column's declared bounds (``dpsql.sql.expressions.bin_domain_sql``). A bin
         whose domain the database cannot enumerate exactly (no bounds, too many bins, an index
         beyond a BIGINT) is refused here, before the charge."""
-        domains: dict[str, tuple[int, ...]] = {}
+        domains: dict[str, tuple[int | str, ...]] = {}
         for name, expression in shape.virtual.items():
+            key = calendar.calendar_of(expression)
+            if key is not None and name.startswith(expressions.KEY_PREFIX):
+                domains[name] = self._calendar_domain(shape, table, key)
+                continue
             found = _bin(name, expression)
             if found is None:
                 continue
-            interval = table.column(found.column).bounds
+            interval = table.column(found.column).numeric_bounds
             if interval is None:
                 raise PolicyError(
                     f"GROUP BY bins of {found.column!r} need its bounds: set "
@@ -302,6 +323,22 @@ class Binder:
                 ) from None
             domains[name] = tuple(int(v) for v in frame["__value"])
         return domains
+
+    def _calendar_domain(
+        self, shape: QueryShape, table: TablePolicy, key: calendar.CalendarKey
+    ) -> tuple[int | str, ...]:
+        """The keys of a calendar GROUP BY key over its column's declared bounds, converted
+        and enumerated by the database (``dpsql.engine.calendars``)."""
+        bounds = table.column(key.column).calendar_bounds
+        if bounds is None:
+            raise PolicyError(
+                f"GROUP BY {key.text} needs the bounds of {key.column!r}: set "
+                f"[tables.{shape.table}.columns.{key.column}] bounds = "
+                '["YYYY-MM-DD", "YYYY-MM-DD"]'
+            )
+        type_name = shape.types[key.column]
+        spelled = calendar_bounds(self, shape.table, key.column, type_name, bounds)
+        return calendar_domain(self, key, spelled, type_name)
 
     def check_types(self, shape: QueryShape, table: TablePolicy) -> None:
         """Have the database bind every expression of ``shape`` as it will run them, over no

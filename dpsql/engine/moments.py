@@ -52,7 +52,7 @@ def check_bounds(shape: QueryShape, table: TablePolicy) -> None:
             name = next((c for c in shape.columns if c.lower() == written.lower()), written)
             if shape.columns.get(name) is ColumnKind.BOOLEAN:
                 continue
-            if table.column(name).bounds is None:
+            if table.column(name).numeric_bounds is None:
                 missing.append(name)
         if missing:
             settings = " and ".join(

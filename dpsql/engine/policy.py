@@ -22,6 +22,9 @@ unknown keys. Example::
 
     [tables.requests.columns.country]
     public_keys = ["DK", "NO", "SE"]
+
+    [tables.requests.columns.day]    # a DATE column: the domain of its calendar keys
+    bounds = ["2025-01-01", "2025-12-31"]
 """
 
 from __future__ import annotations
@@ -58,6 +61,11 @@ Name = Annotated[str, StringConstraints(min_length=1, max_length=128)]
 Epsilon = Annotated[float, Field(gt=0, allow_inf_nan=False)]
 Delta = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]
 PublicKey = str | int | float | bool
+NumericBound = Annotated[float, Field(strict=True)]
+CalendarBound = Annotated[str, StringConstraints(min_length=1, max_length=64, strict=True)]
+"""A DATE or TIMESTAMP bound as the database reads it (``'2025-01-01'``,
+``'2025-01-01 06:00:00'``): converted and ordered by the database when the policy is set
+(``dpsql.engine.literals.Binder.calendar_bounds``), never parsed here."""
 TypeName = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 MEMORY_PATTERN = r"(?i)^\d+(\.\d+)?\s*([KMGT]i?B|B)$"
 """A DuckDB memory size such as ``6GB`` or ``512MiB``."""
@@ -137,7 +145,11 @@ class ColumnPolicy(_Frozen):
     """What a column may be used for: summed within bounds, grouped over public keys, or grouped
     over keys released by thresholding (optionally within a declared public key domain)."""
 
-    bounds: tuple[float, float] | None = None
+    bounds: tuple[NumericBound, NumericBound] | tuple[CalendarBound, CalendarBound] | None = Field(
+        default=None,
+        description="[low, high]: numbers for a numeric column; ISO dates or timestamps for a "
+        "DATE or TIMESTAMP column (its calendar keys' domain)",
+    )
     public_keys: tuple[PublicKey, ...] | None = None
     key_domain: Literal["hash64"] | tuple[int, int] | None = Field(
         default=None,
@@ -157,12 +169,28 @@ class ColumnPolicy(_Frozen):
 
     @field_validator("bounds")
     @classmethod
-    def _ordered_finite(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
-        if value is not None:
+    def _ordered_finite(
+        cls, value: tuple[float, float] | tuple[str, str] | None
+    ) -> tuple[float, float] | tuple[str, str] | None:
+        if value is not None and not isinstance(value[0], str):
             low, high = value
             if not (math.isfinite(low) and math.isfinite(high)) or low > high:
                 raise ValueError(f"bounds must be finite with low <= high, got [{low}, {high}]")
         return value
+
+    @property
+    def numeric_bounds(self) -> tuple[float, float] | None:
+        """The bounds of a numeric column (None: none, or calendar bounds)."""
+        if self.bounds is None or isinstance(self.bounds[0], str):
+            return None
+        return self.bounds  # type: ignore[return-value]
+
+    @property
+    def calendar_bounds(self) -> tuple[str, str] | None:
+        """The bounds of a DATE or TIMESTAMP column, as written (None: none, or numbers)."""
+        if self.bounds is None or not isinstance(self.bounds[0], str):
+            return None
+        return self.bounds  # type: ignore[return-value]
 
     @field_validator("public_keys")
     @classmethod

@@ -133,8 +133,13 @@ def public_keys(shape: QueryShape, policy: Policy, binder: Binder) -> dict[str, 
     return {
         column: binder.keys(shape.table, column, keys)
         for column in shape.group_by
-        if (keys := table.column(column).public_keys) is not None
+        if (keys := table.column(column).public_keys or _schema_keys(shape, column)) is not None
     }
+
+
+def _schema_keys(shape: QueryShape, column: str) -> tuple[str, ...] | None:
+    """The keys the database listed from a group column's type (an ENUM's values)."""
+    return shape.domains.get(column) if column not in shape.virtual else None
 
 
 def resolve_budget(

@@ -26,6 +26,7 @@ from dpsql.engine.answers import (
     ALP_ROWS_PER_KEY,
 )
 from dpsql.engine.backends import Backend, DuckDBBackend
+from dpsql.engine.calendars import calendar_bounds
 from dpsql.engine.choices import DEFAULT_EXPECTED_QUERIES
 from dpsql.engine.contributions import contribution_answer, plan_contributions
 from dpsql.engine.derived import post_processed
@@ -132,9 +133,12 @@ def _check_against_schema(policy: Policy, backend: Backend) -> None:
             kind = ColumnKind.of(columns[name])
             if rules.public_keys is not None:
                 binder.keys(matches[0], name, rules.public_keys)
-            if rules.bounds is not None and not kind.numeric:
+            if rules.calendar_bounds is not None:
+                calendar_bounds(binder, matches[0], name, columns[name], rules.calendar_bounds)
+            elif rules.bounds is not None and not kind.numeric:
                 raise PolicyError(
-                    f"bounds on {table_name}.{name} need a numeric column, it is {columns[name]}"
+                    f"bounds on {table_name}.{name} need a numeric column (or dates for a DATE "
+                    f"or TIMESTAMP column), it is {columns[name]}"
                 )
 
 

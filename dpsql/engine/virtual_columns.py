@@ -15,9 +15,11 @@ from dataclasses import replace
 
 from sqlglot import exp
 
+from dpsql.engine.calendars import bounds_sql
 from dpsql.engine.moments import check_bounds
 from dpsql.engine.policy import TablePolicy
 from dpsql.errors import PolicyError
+from dpsql.sql import calendar
 from dpsql.sql.expressions import (
     KEY_PREFIX,
     bin_of,
@@ -36,11 +38,24 @@ def _key(
 ) -> tuple[exp.Expression, list[object]]:
     """The expression the database runs for a virtual key, and its public domain (for a bin:
     the distinct values the database enumerated when the query was bound, ``shape.domains``)."""
+    key = calendar.calendar_of(expression)
+    if key is not None:
+        bounds = table.column(key.column).calendar_bounds
+        domain = shape.domains.get(name)
+        if domain is None or bounds is None:
+            raise PolicyError(
+                f"the keys of GROUP BY {key.text} were not enumerated by the database: bind the "
+                "query with a backend first"
+            )
+        type_name = shape.types[key.column]
+        low, high = bounds_sql(bounds, type_name)
+        run = exp.maybe_parse(calendar.run(key, low, high, type_name), dialect="duckdb")
+        return run, list(domain)
     found = bin_of(expression)
     if found is None:
         return expression, [False, True]
     domain = shape.domains.get(name)
-    interval = table.column(found.column).bounds
+    interval = table.column(found.column).numeric_bounds
     if domain is None or interval is None:
         raise PolicyError(
             f"the keys of GROUP BY {expression.sql(dialect='duckdb')} were not enumerated by the "
@@ -49,14 +64,28 @@ def _key(
     return bin_run(found, interval, shape.columns), list(domain)
 
 
+def _with_schema_domains(shape: QueryShape, table: TablePolicy) -> TablePolicy:
+    """``table`` with the ENUM values the database listed for a group column without declared
+    public keys (``dpsql.engine.literals.Binder.enum_domains``) as its public keys."""
+    columns = dict(table.columns)
+    virtual = getattr(shape, "virtual", None) or {}
+    for column in getattr(shape, "group_by", ()):
+        domain = (getattr(shape, "domains", None) or {}).get(column)
+        rules = table.column(column)
+        if domain is not None and column not in virtual and rules.public_keys is None:
+            columns[column] = rules.model_copy(update={"public_keys": domain})
+    return table.model_copy(update={"columns": columns}) if columns != table.columns else table
+
+
 def with_virtual_bounds(shape: QueryShape, table: TablePolicy) -> tuple[QueryShape, TablePolicy]:
     """``shape`` whose virtual columns read clamped columns, and ``table`` with their derived
     bounds; a virtual column summed or averaged needs bounds on every numeric column it adds."""
+    table = _with_schema_domains(shape, table)
     virtual = getattr(shape, "virtual", None) or {}
     if not virtual:
         return shape, table
     check_bounds(shape, table)  # a two-column moment names its missing bounds itself
-    declared = {name: rules.bounds for name, rules in table.columns.items()}
+    declared = {name: rules.numeric_bounds for name, rules in table.columns.items()}
     summed = {a.column for a in shape.aggregates if a.kind.value in ("sum", "avg")}
     columns = dict(table.columns)
     runs: dict[str, exp.Expression] = {}

@@ -78,6 +78,11 @@ def _built_type(type_name: str) -> exp.DataType:
     return exp.DataType.build(type_name, dialect="duckdb")
 
 
+def is_enum(type_name: str) -> bool:
+    """Whether ``type_name`` is a DuckDB ENUM (``ENUM('a', 'b')``, as the catalog spells it)."""
+    return type_name.upper().startswith("ENUM")
+
+
 def temporal_pattern(type_name: str) -> re.Pattern[str]:
     """The ISO form a literal for a column of ``type_name`` must take: a date for DATE; a date
     and optionally a time (seconds and as many fraction digits as the type keeps, optional) for
@@ -452,6 +457,8 @@ class Analyzer:
     def string(self, node: exp.Expression, name: str) -> exp.Expression:
         if not (isinstance(node, exp.Literal) and node.is_string):
             self.reject(node, f"column {name!r} is a string; compare it with a quoted string")
+        if is_enum(self.columns[name]):
+            return self.typed(node.this, name)  # the database refuses a value not of the ENUM
         return exp.Literal.string(node.this)
 
     def boolean(self, node: exp.Expression, name: str) -> exp.Expression:

@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from sqlglot import exp
 
+from dpsql.sql import calendar
 from dpsql.sql.shape import ColumnKind
 
 if TYPE_CHECKING:
@@ -365,14 +366,28 @@ def _number(node: exp.Expression) -> float | None:
 
 def group_key(analyzer: Analyzer, node: exp.Expression) -> str:
     """A GROUP BY expression whose domain is public, as a virtual key column: bins
-    ``FLOOR(col / w) * m`` of a bounded numeric column (w > 0, m an integer), or a condition
-    (TRUE/FALSE). Its domain is enumerated by the database over the declared bounds before the
-    query is priced (``bin_domain``), one key per distinct value."""
+    ``FLOOR(col / w) * m`` of a bounded numeric column (w > 0, m an integer), calendar keys of a
+    bounded DATE or TIMESTAMP column (``dpsql.sql.calendar``), or a condition (TRUE/FALSE). Its
+    domain is enumerated by the database over the declared bounds before the query is priced
+    (``bin_domain``, ``dpsql.engine.calendars``), one key per distinct value."""
     text = normalized(node)
     if text in analyzer.group_expressions:
         return analyzer.group_expressions[text]
     found = bin_of(node)
-    if found is not None:
+    key = calendar.calendar_of(node)
+    if key is not None:
+        column = node.find(exp.Column)
+        assert column is not None
+        name = analyzer.column(column)
+        kind, type_name = analyzer.kind(name), analyzer.columns[name]
+        if kind not in (ColumnKind.DATE, ColumnKind.TIMESTAMP) or calendar.zoned(type_name):
+            analyzer.reject(
+                column,
+                f"{key.text} groups a DATE or TIMESTAMP column (without time zone); {name!r} is "
+                f"{type_name}",
+            )
+        emitted = calendar.emitted(replace(key, column=name), type_name)
+    elif found is not None:
         column = node.find(exp.Column)
         assert column is not None
         name = analyzer.column(column)
@@ -393,8 +408,10 @@ def group_key(analyzer: Analyzer, node: exp.Expression) -> str:
         analyzer.reject(
             node,
             "GROUP BY takes columns, bins FLOOR(column / width) * m of a column with declared "
-            f"bounds (width > 0, m an integer within +-{MAX_MULTIPLIER}), or conditions such as "
-            "column >= 13",
+            f"bounds (width > 0, m an integer within +-{MAX_MULTIPLIER}), calendar keys "
+            "(date_trunc to a year, quarter, month, week or day; EXTRACT of the year, quarter, "
+            "month, dow or hour) of a DATE or TIMESTAMP column with declared bounds, or "
+            "conditions such as column >= 13",
         )
         raise AssertionError
     name = f"{KEY_PREFIX}{sum(k.startswith(KEY_PREFIX) for k in analyzer.virtual)}"
@@ -404,9 +421,11 @@ def group_key(analyzer: Analyzer, node: exp.Expression) -> str:
 
 
 def key_types(virtual: Mapping[str, exp.Expression]) -> dict[str, str]:
-    """The database type of each virtual key column: BIGINT for bins, BOOLEAN for conditions."""
+    """The database type of each virtual key column: BIGINT for bins, a calendar key's type
+    (``dpsql.sql.calendar.key_type``), BOOLEAN for conditions."""
     return {
-        name: "BIGINT" if bin_of(expression) is not None else "BOOLEAN"
+        name: calendar.key_type(expression)
+        or ("BIGINT" if bin_of(expression) is not None else "BOOLEAN")
         for name, expression in virtual.items()
         if name.startswith(KEY_PREFIX)
     }

@@ -43,7 +43,8 @@ class ColumnKind(Enum):
 
     @classmethod
     def of(cls, type_name: str) -> ColumnKind:
-        """Classify a DuckDB/ANSI type name such as ``BIGINT`` or ``DECIMAL(10,2)``."""
+        """Classify a DuckDB/ANSI type name such as ``BIGINT``, ``DECIMAL(10,2)`` or
+        ``ENUM('a', 'b')`` (a STRING)."""
         name = type_name.upper().split("(")[0].strip()
         if name in {
             "TINYINT",
@@ -69,8 +70,8 @@ class ColumnKind(Enum):
             return cls.FLOAT
         if name in {"DECIMAL", "NUMERIC"}:
             return cls.DECIMAL
-        if name in {"VARCHAR", "TEXT", "STRING", "CHAR", "BPCHAR"}:
-            return cls.STRING
+        if name in {"VARCHAR", "TEXT", "STRING", "CHAR", "BPCHAR", "ENUM"}:
+            return cls.STRING  # an ENUM compares and groups like text; its values are public
         if name in {"BOOLEAN", "BOOL"}:
             return cls.BOOLEAN
         if name == "DATE":
@@ -161,9 +162,10 @@ class QueryShape:
     virtual: dict[str, exp.Expression] = field(default_factory=dict)
     """Expressions inside aggregates, as columns ``__dp_e<i>`` the aggregates read
     (``dpsql.sql.expressions``)."""
-    domains: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    """The key domain of each GROUP BY bin (``__dp_k<i>``), as the database enumerated it over
-    the declared bounds when the query was bound: its distinct values, in order."""
+    domains: dict[str, tuple[int | str, ...]] = field(default_factory=dict)
+    """The key domain of each GROUP BY bin or calendar key (``__dp_k<i>``), as the database
+    enumerated it over the declared bounds when the query was bound: its distinct values, in
+    order (a truncated DATE or TIMESTAMP as the database prints it)."""
     post: Any = None
     """The post-processing of the released answer (``dpsql.sql.postprocess.PostProcess``)."""
     relation: RelationSql | None = None

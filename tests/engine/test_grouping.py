@@ -125,3 +125,70 @@ def test_public_keys_equal_in_the_database_are_refused(tmp_path: Path) -> None:
     policy = NEGATIVE_ZERO_POLICY.replace("[0.0, 1.5]", "[0.0, -0.0, 1.5]")
     with pytest.raises(PolicyError, match="must be distinct"):
         make_database(tmp_path / "z.duckdb", {"z": frame}, policy)
+
+
+ENUM_POLICY = """
+[dataset]
+epsilon = 1e9
+[analysts.a]
+epsilon = 1e9
+[tables.e]
+privacy_unit = "u"
+"""
+
+
+@pytest.fixture
+def moods(tmp_path: Path) -> Path:
+    path = tmp_path / "e.duckdb"
+    import duckdb
+
+    connection = duckdb.connect(str(path))
+    connection.execute("CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy', 'unused')")
+    connection.execute(
+        "CREATE TABLE e AS SELECT i AS u, CASE WHEN i % 10 = 0 THEN NULL "
+        "ELSE (['sad', 'ok', 'happy'])[1 + i % 3] END::mood AS m FROM range(600) AS r(i)"
+    )
+    connection.close()
+    from dpsql.engine.session import set_policy
+
+    set_policy(path, ENUM_POLICY)
+    return path
+
+
+def test_an_enum_column_groups_over_its_values_in_the_enums_order(moods: Path) -> None:
+    """The ENUM's values are public schema: they are the key domain (an unused value is a
+    released group), in the type's order, without declared public keys or thresholds."""
+    with seeded_connect(moods, analyst="a", rng=np.random.default_rng(3)) as session:
+        result = session.execute("SELECT m, COUNT(*) AS n FROM e GROUP BY m", epsilon=1e6)
+        assert session.plan("SELECT m, COUNT(*) FROM e GROUP BY m", epsilon=1).mechanism == (
+            "discrete_laplace"
+        )
+    assert [row[0] for row in result.rows] == ["sad", "ok", "happy", "unused"]
+    assert [row[1] for row in result.rows] == pytest.approx([180, 180, 180, 0], abs=0.5)
+
+
+def test_an_enum_literal_is_typed_and_a_value_outside_the_enum_is_refused(moods: Path) -> None:
+    from dpsql.errors import UnsupportedQueryError
+
+    with seeded_connect(moods, analyst="a", rng=np.random.default_rng(4)) as session:
+        (row,) = session.execute(
+            "SELECT COUNT(*) AS n FROM e WHERE m > 'ok' OR m IN ('sad')", epsilon=1e6
+        ).rows
+        # Typed as the ENUM, '>' compares positions in the type: 'happy' and 'unused'.
+        assert row[0] == pytest.approx(360, abs=0.5)
+        spent = session.budget().for_analyst("a").epsilon_spent
+        with pytest.raises(UnsupportedQueryError, match=r"'angry' is not exactly a value of type"):
+            session.execute("SELECT COUNT(*) AS n FROM e WHERE m = 'angry'", epsilon=1)
+        assert session.budget().for_analyst("a").epsilon_spent == spent
+
+
+def test_declared_public_keys_of_an_enum_must_be_its_values(moods: Path) -> None:
+    from dpsql.engine.session import set_policy
+    from dpsql.errors import PolicyError
+
+    with pytest.raises(PolicyError, match="'angry' is not exactly a value of type ENUM"):
+        set_policy(moods, ENUM_POLICY + '[tables.e.columns.m]\npublic_keys = ["ok", "angry"]\n')
+    set_policy(moods, ENUM_POLICY + '[tables.e.columns.m]\npublic_keys = ["ok", "happy"]\n')
+    with seeded_connect(moods, analyst="a", rng=np.random.default_rng(5)) as session:
+        result = session.execute("SELECT m, COUNT(*) AS n FROM e GROUP BY m", epsilon=1e6)
+    assert [row[0] for row in result.rows] == ["ok", "happy"]
