@@ -32,7 +32,7 @@ from sqlglot import exp
 from dpsql.errors import SchemaError, UnsupportedQueryError
 from dpsql.sql import moments
 from dpsql.sql.parse import ParsedQuery
-from dpsql.sql.shape import AggregateKind, GroupKey, QueryShape
+from dpsql.sql.shape import AggregateKind, ColumnKind, GroupKey, QueryShape
 
 __all__ = [
     "RELEASED",
@@ -257,6 +257,7 @@ class _Splitter:
             (node.this if isinstance(node, exp.Alias) else node).copy()
             for node in select.expressions
         ]
+        bivariate = tuple(self.moments_in(select))
         exact = {
             name: replace(
                 moment,
@@ -365,17 +366,36 @@ class _Splitter:
             outer, released, agg_names, tuple(key_names), [text for _, text in items]
         )
         return self.inner(inner), replace(
-            post, bivariate=tuple(self.moments_in(select)), moment_columns=exact
+            post, bivariate=bivariate, moment_columns=exact
         )
 
     # pieces -------------------------------------------------------------------------------------
-    def moments_in(self, node: exp.Expression) -> list[moments.Moment]:
-        """The two-column statistics of ``node`` outside windows."""
+    def moments_in(self, select: exp.Select) -> list[moments.Moment]:
+        """The two-column statistics of ``select`` outside windows; one over a column of the
+        table that is not a number (or BOOLEAN) is refused, naming it."""
+        source = select.args.get("from_") or select.args.get("from")
+        table = source.this.name.lower() if source is not None else ""
+        types = {
+            c.lower(): t
+            for name, columns in self.catalog.items()
+            if name.lower() == table
+            for c, t in columns.items()
+        }
         found = []
-        for candidate in node.find_all(*moments.BIVARIATE):
+        for candidate in select.find_all(*moments.BIVARIATE):
             moment = moments.bivariate(candidate)
-            if moment is not None:
-                found.append(moment)
+            if moment is None:
+                continue
+            for argument in (candidate.this, candidate.expression):
+                type_name = types.get(argument.name.lower())
+                kind = ColumnKind.of(type_name) if type_name is not None else ColumnKind.FLOAT
+                if not (kind.numeric or kind is ColumnKind.BOOLEAN):
+                    self.reject(
+                        argument,
+                        f"{moment.text} needs numeric (or BOOLEAN) columns; {argument.name!r} "
+                        f"is {type_name}",
+                    )
+            found.append(moment)
         return found
 
     def group_expressions(self, select: exp.Select) -> list[exp.Expression]:

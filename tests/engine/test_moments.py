@@ -13,6 +13,7 @@ conservative intervals.
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import duckdb
@@ -82,13 +83,14 @@ def test_a_statistic_over_an_unbounded_column_is_refused_before_the_charge(
         assert session.budget().for_analyst("a").epsilon_spent == before
 
 
-def _corner_bound(expression: str, box: dict[str, tuple[float, float]]) -> float:
-    """The largest |expression| at the corners of the box (every component is multilinear in
-    each column, or a square: its extremes over a box are at corners), by DuckDB."""
+def corner_bound(expression: str, box: dict[str, tuple[float, float]]) -> float:
+    """The largest |expression| at the corners of the box (every moment component is
+    multilinear in its columns, or a square: its extremes over a box are at corners), by DuckDB.
+    """
     names = sorted(box)
     corners = ", ".join(
-        "(" + ", ".join(repr(float(box[n][bits >> i & 1])) for i, n in enumerate(names)) + ")"
-        for bits in range(2 ** len(names))
+        "(" + ", ".join(repr(float(v)) for v in corner) + ")"
+        for corner in itertools.product(*(box[n] for n in names))
     )
     connection = duckdb.connect()
     try:
@@ -122,11 +124,11 @@ def test_each_component_costs_its_per_row_bound_times_the_contribution_bound(
             assert stated == rows
             continue
         text = plan.shape.virtual[column].meta["text"]
-        per_row = _corner_bound(text, box)
+        per_row = corner_bound(text, box)
         # On the sum's grid the bound is rounded up, by less than one grid step per row.
         assert rows * per_row <= stated < rows * (per_row + measurement.grid), text
     texts = {plan.shape.virtual[m.measure.column].meta["text"] for m in plan.measurements}
-    assert "x * y" in texts and _corner_bound("x * y", box) == 5000.0  # 100 * 50
+    assert "x * y" in texts and corner_bound("x * y", box) == 5000.0  # 100 * 50
 
 
 @pytest.mark.parametrize(
