@@ -4,8 +4,10 @@ Each test plans a query from the policy, generates its bounded aggregate once in
 and once transpiled to Spark's, runs both on the same Parquet file, and compares the aggregates
 before any noise. Contribution bounds bind on every grouped query (about 15 rows per unit against
 max_groups_per_unit = 2, max_rows_per_group = 2, max_rows_per_unit = 3) and values include NULL,
-NaN, +-inf and values outside the bounds. One Spark session (local[1]) serves the module; it is
-skipped, with the reason, when PySpark or Java is missing.
+NaN, +-inf and values outside the bounds. Two-column moments and calendar keys are bound by each
+engine (Spark enumerates the same key domains as DuckDB) and aggregate alike; with the engines'
+own day of the week (Sunday 0 in DuckDB, 1 in Spark) they would not. One Spark session
+(local[1]) serves the module; it is skipped, with the reason, when PySpark or Java is missing.
 """
 
 from __future__ import annotations
@@ -194,28 +196,37 @@ def test_engine_hashes_would_make_the_engines_disagree(
     assert on_spark != on_duckdb
 
 
-def test_sessions_on_spark_and_duckdb_answer_alike(
-    tmp_path: Path, source: FileSource, spark: Any
-) -> None:
-    """The three benchmark shapes through Session on both backends, sharing one ledger."""
-    (tmp_path / "events.parquet").symlink_to(source.files[0])
-    database = tmp_path / "lake"  # no database file: the ledger's name and the sources' base
-    policy = parse_policy(POLICY)
+def _answers_on_both(
+    directory: Path, source: FileSource, spark: Any, policy_text: str, queries: list[str], seed: int
+) -> tuple[Path, dict[str, list[Any]]]:
+    """Each query through a Session on DuckDB, then on Spark, sharing one ledger and one seed."""
+    (directory / "events.parquet").symlink_to(source.files[0])
+    database = directory / "lake"  # no database file: the ledger's name and the sources' base
+    policy = parse_policy(policy_text)
     set_policy_with(database, policy, lambda: DuckDBBackend.for_policy(database, policy))
-    queries = [
-        "SELECT country, COUNT(*) AS n FROM events GROUP BY country",
-        "SELECT COUNT(*) AS n FROM events WHERE day BETWEEN '2024-01-02' AND '2024-01-06'",
-        "SELECT SUM(amount) AS s FROM events",
-    ]
     answers = {}
     for name, backend in (
         ("duckdb", DuckDBBackend.for_policy(database, policy)),
         ("spark", SparkBackend.for_policy(database, policy, spark)),
     ):
         with seeded(
-            dpsql.Session, database, analyst="alice", backend=backend, rng=np.random.default_rng(5)
+            dpsql.Session, database, analyst="alice", backend=backend,
+            rng=np.random.default_rng(seed),
         ) as db:
             answers[name] = [db.execute(q, epsilon=EPSILON) for q in queries]
+    return database, answers
+
+
+def test_sessions_on_spark_and_duckdb_answer_alike(
+    tmp_path: Path, source: FileSource, spark: Any
+) -> None:
+    """The three benchmark shapes through Session on both backends, sharing one ledger."""
+    queries = [
+        "SELECT country, COUNT(*) AS n FROM events GROUP BY country",
+        "SELECT COUNT(*) AS n FROM events WHERE day BETWEEN '2024-01-02' AND '2024-01-06'",
+        "SELECT SUM(amount) AS s FROM events",
+    ]
+    database, answers = _answers_on_both(tmp_path, source, spark, POLICY, queries, 5)
     for on_duckdb, on_spark in zip(answers["duckdb"], answers["spark"], strict=True):
         assert on_spark.columns == on_duckdb.columns
         for row_duckdb, row_spark in zip(on_duckdb.rows, on_spark.rows, strict=True):
@@ -325,3 +336,94 @@ def test_spark_and_duckdb_agree_on_joins_and_subqueries(
     on_spark = _normalized(spark_backend.run(_generated(plan, salt, "spark")), keys)
     assert on_duckdb
     assert on_spark == on_duckdb
+
+
+# --- moments and calendar keys ---------------------------------------------------------------
+
+CALENDAR = (
+    POLICY.replace("[tables.events.columns.bucket]\n", "[tables.events.columns.bucket]\n"
+                   "bounds = [0, 11]\n")
+    .replace("[tables.events.columns.day]\n", '[tables.events.columns.day]\nbounds = '
+             '["2024-01-02", "2024-01-08"]\n')
+    + '[tables.events.columns.ts]\nbounds = ["2024-01-01 06:00:00", "2024-01-09 18:00:00"]\n'
+)
+NEW_SHAPES = [
+    "SELECT CORR(amount, bucket) AS c, REGR_SLOPE(amount, bucket) AS s FROM events",
+    "SELECT country, COVAR_SAMP(bucket, amount) AS v FROM events GROUP BY country",
+    "SELECT date_trunc('month', day) AS m, COUNT(*) AS n FROM events GROUP BY 1",
+    "SELECT EXTRACT(dow FROM day) AS w, SUM(amount) AS s FROM events GROUP BY 1",
+    "SELECT dayofweek(ts) AS w, hour(ts) AS h, COUNT(*) AS n FROM events GROUP BY 1, 2",
+    "SELECT date_trunc('day', ts) AS d, CORR(amount, bucket) AS c FROM events GROUP BY 1",
+    "SELECT date_trunc('week', day) AS w, quarter(ts) AS q, COUNT(amount) AS n FROM events "
+    "GROUP BY 1, 2",
+]
+
+
+def _bound_plan(sql: str, backend: Any, policy: str = CALENDAR) -> QueryPlan:
+    """A plan whose calendar domains ``backend`` enumerated (the binder runs on it)."""
+    from dpsql.engine.literals import Binder
+
+    catalog = backend.catalog()
+    parsed_policy = parse_policy(policy)
+    bound = Binder(backend, catalog).bind(analyze(parse(sql), catalog), parsed_policy)
+    return plan_query(bound.shape, parsed_policy, epsilon=1.0, delta=0.0)
+
+
+@pytest.fixture
+def engines(source: FileSource, spark: Any) -> Iterator[tuple[DuckDBBackend, SparkBackend]]:
+    """Backends of their own: a session closing its Spark backend drops the shared view."""
+    duck = DuckDBBackend(None, sources=[source])
+    spark_backend = SparkBackend(spark, tables={"events": source})
+    yield duck, spark_backend
+    duck.close()
+    spark_backend.close()
+
+
+@pytest.mark.parametrize(("sql", "salt"), [(q, 104729 * i) for i, q in enumerate(NEW_SHAPES)])
+def test_moments_and_calendar_keys_agree_on_spark_and_duckdb(
+    engines: tuple[DuckDBBackend, SparkBackend], sql: str, salt: int
+) -> None:
+    """The key domains as each engine enumerates them, and the bounded aggregates."""
+    duck, spark_backend = engines
+    plan = _bound_plan(sql, duck)
+    on_spark_plan = _bound_plan(sql, spark_backend)
+    assert on_spark_plan.shape.domains == plan.shape.domains
+    keys = list(plan.shape.group_by)
+    on_duckdb = _normalized(duck.run(_generated(plan, salt, "duckdb")), keys)
+    on_spark = _normalized(spark_backend.run(_generated(plan, salt, "spark")), keys)
+    assert on_spark == on_duckdb
+
+
+def test_the_engines_own_day_of_week_would_make_them_disagree(
+    engines: tuple[DuckDBBackend, SparkBackend], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Teeth: DuckDB's dayofweek counts Sunday as 0, Spark's as 1."""
+    from dpsql.sql import calendar
+
+    original = calendar._key_value
+
+    def native(key: Any, value: str, column_type: str) -> str:
+        if key.part == "dow":
+            return f"CAST(DAYOFWEEK({value}) AS BIGINT)"
+        return original(key, value, column_type)
+
+    monkeypatch.setattr(calendar, "_key_value", native)
+    duck, spark_backend = engines
+    sql = "SELECT EXTRACT(dow FROM day) AS w, COUNT(*) AS n FROM events GROUP BY 1"
+    plan = _bound_plan(sql, duck)
+    on_duckdb = _normalized(duck.run(_generated(plan, 3, "duckdb")), ["w"])
+    on_spark = _normalized(spark_backend.run(_generated(plan, 3, "spark")), ["w"])
+    assert on_spark != on_duckdb
+
+
+def test_sessions_on_spark_answer_moments_and_calendar_keys_as_duckdb(
+    tmp_path: Path, source: FileSource, spark: Any
+) -> None:
+    queries = [NEW_SHAPES[0], NEW_SHAPES[4], "SELECT year(day) AS y, month(ts) AS m, "
+               "COVAR_POP(amount, bucket) AS v FROM events GROUP BY 1, 2 ORDER BY v"]
+    _, answers = _answers_on_both(tmp_path, source, spark, CALENDAR, queries, 8)
+    for on_duckdb, on_spark in zip(answers["duckdb"], answers["spark"], strict=True):
+        assert on_spark.columns == on_duckdb.columns
+        for row_duckdb, row_spark in zip(on_duckdb.rows, on_spark.rows, strict=True):
+            assert row_spark == pytest.approx(row_duckdb, rel=1e-9)
+        assert on_spark.intervals == on_duckdb.intervals
