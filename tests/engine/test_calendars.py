@@ -217,3 +217,11 @@ def test_calendar_bounds_of_each_temporal_type_are_accepted(tmp_path: Path) -> N
         + '[tables.t.columns.ts]\nbounds = ["2025-01-01", "2025-01-01 00:00:00.5"]\n'
         + '[tables.t.columns.ms]\nbounds = ["2025-01-01 10:00", "2025-01-01 10:00:00.001"]\n',
     )
+
+
+def test_a_stream_over_a_date_column_takes_its_policy_bounds(events: Path) -> None:
+    with seeded_connect(events, analyst="a", rng=np.random.default_rng(2)) as session:
+        stream = session.open_stream("t", [("d", 7)], epsilon=1.0, mechanism="range_tree")
+    (column,) = stream["columns"]
+    assert column["bounds"] == ["2025-01-01", "2025-12-31"]
+    assert stream["cells"] == 53  # 365 days in cells of 7
