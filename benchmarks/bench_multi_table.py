@@ -148,6 +148,12 @@ def build(directory: Path) -> Path:
     return path
 
 
+def _key(values: tuple) -> tuple[str, ...]:
+    """Keys as text; a midnight TIMESTAMP (DuckDB's date_trunc of a DATE) as its DATE, which
+    dpsql releases."""
+    return tuple(str(v).removesuffix(" 00:00:00") for v in values)
+
+
 def truth(path: Path, sql: str, width: int) -> dict[tuple, float] | None:
     """The plain SQL answer: the first ``width`` columns (the keys) -> the last column."""
     connection = duckdb.connect(str(path), read_only=True)
@@ -157,7 +163,7 @@ def truth(path: Path, sql: str, width: int) -> dict[tuple, float] | None:
         return None
     finally:
         connection.close()
-    return {tuple(str(v) for v in row[:width]): row[-1] for row in rows}
+    return {_key(row[:width]): row[-1] for row in rows}
 
 
 def main() -> None:
@@ -186,7 +192,7 @@ def main() -> None:
                 dpsql.connect(path, analyst="analyst") as db,
             ):
                 result = db.execute(sql, epsilon=arguments.epsilon, delta=1e-6)
-            found = {tuple(str(v) for v in row[:width]): row[-1] for row in result.rows}
+            found = {_key(row[:width]): row[-1] for row in result.rows}
             wanted = {k for k, v in (expected or {}).items() if v and "None" not in k}
             if expected is not None and not set(found) >= wanted:
                 keys_ok = False
