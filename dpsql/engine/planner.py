@@ -121,8 +121,9 @@ class QueryPlan:
             if output.kind is AggregateKind.QUANTILE:
                 text = (
                     f"the {output.quantile} quantile of {column} clamped to {clamp}: the midpoint "
-                    "of a public bin chosen by permute-and-flip (no interval; see the rank error "
-                    f"in the plan's quantiles), over rows {per_person}"
+                    "of a public bin chosen by permute-and-flip, over rows "
+                    f"{per_person}; the interval is that bin, which holds a value within the "
+                    "rank error (the plan's quantiles) of the quantile, not surely the quantile"
                 )
             elif output.kind is AggregateKind.PERSONS:
                 text = f"persons with a row kept under the bounds ({per_person})"

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 __all__ = [
     "LEDGER_COLUMNS",
@@ -83,6 +83,21 @@ class QueryResult(BaseModel):
     """What each noisy column measures, e.g. "rows, at most 1 per person per group, in at most 5
     groups per person": the bounded quantity its interval covers (not the plain SQL answer when
     a person exceeds a contribution bound)."""
+
+    _noise_laws: dict[str, Any] = PrivateAttr(default_factory=dict)
+    """The noise law of each noisy column (``dpsql.engine.noise_laws``), kept beside the
+    answer so post-processing can state intervals at other levels; not part of its JSON."""
+
+    @property
+    def noise_laws(self) -> dict[str, Any]:
+        """Column -> its noise law, where the release knows it (see ``with_noise_laws``)."""
+        return dict(self._noise_laws)
+
+    def with_noise_laws(self, laws: dict[str, Any]) -> QueryResult:
+        """This answer with ``laws`` (column -> noise law) kept beside it."""
+        copy = self.model_copy()
+        copy._noise_laws = dict(laws)
+        return copy
 
     def to_pandas(self, *, intervals: bool = False) -> pd.DataFrame:
         """The rows as a DataFrame; with ``intervals=True`` also ``<col>_low``/``<col>_high``."""
