@@ -22,7 +22,7 @@ from dpsql.mechanisms import (
     sketch_split,
 )
 from dpsql.mechanisms.laplace import interval_half_width, release_counts, release_grid_sums
-from dpsql.sql.generate import MeasureKind
+from dpsql.sql.generate import Measure, MeasureKind
 from dpsql.sql.shape import AggregateKind, GroupKey
 
 if TYPE_CHECKING:
@@ -112,6 +112,7 @@ def laplace_answer(
     result_intervals: dict[str, list[tuple[float, float]]] = {}
     result_scales: dict[str, float] = {}
     laws: dict[str, DiscreteLaplaceLaw | RatioLaw] = {}
+    ranges: dict[str, tuple[float | None, float | None]] = {}
     for output in plan.shape.outputs:
         if isinstance(output, GroupKey):
             index = plan.shape.group_by.index(output.column)
@@ -149,6 +150,9 @@ def laplace_answer(
             lower, upper = intervals[label]
             result_scales[output.name] = scales[label]
             laws[output.name] = measured[label]
+            ranges[output.name] = _true_range(
+                next(m.measure for m in plan.measurements if m.label == label)
+            )
         columns[output.name] = [plain(v) for v in values]
         result_intervals[output.name] = [
             (plain(a), plain(b)) for a, b in zip(lower, upper, strict=True)
@@ -170,7 +174,19 @@ def laplace_answer(
         mechanism=MECHANISM,
         analyst=analyst,
         ledger_entry=entry.seq,
-    ).with_noise_laws(laws)
+    ).with_noise_laws(laws, {n: r for n, r in ranges.items() if r != (None, None)})
+
+
+def _true_range(measure: Measure) -> tuple[float | None, float | None]:
+    """The range a COUNT or SUM's true (bounded) value cannot leave: a count is never
+    negative, nor a sum of values clamped to ``[low >= 0, high]`` (nor positive when
+    ``high <= 0``)."""
+    if measure.kind is not MeasureKind.SUM:
+        return (0, None)
+    if measure.clamp is None:
+        return (None, None)
+    low, high, _ = measure.clamp
+    return (0 if low >= 0 else None, 0 if high <= 0 else None)
 
 
 def having_kept(plan: QueryPlan, names: list[str], rows: list[tuple[Any, ...]]) -> list[int] | None:

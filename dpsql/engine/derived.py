@@ -256,6 +256,7 @@ def post_processed(result: QueryResult, post: PostProcess) -> QueryResult:
             "unbounded_ends": "a missing end (null) is unbounded: e.g. a ratio whose "
             "denominator's interval contains 0 can be any number",
         }
+    copied = {name: source for name, source in post.copies.items() if post.rowwise}
     return result.model_copy(
         update={
             "columns": list(post.columns),
@@ -265,4 +266,7 @@ def post_processed(result: QueryResult, post: PostProcess) -> QueryResult:
             "measures": measures,
             "details": details,
         }
+    ).with_noise_laws(
+        {n: result.noise_laws[s] for n, s in copied.items() if s in result.noise_laws},
+        {n: result.value_ranges[s] for n, s in copied.items() if s in result.value_ranges},
     )

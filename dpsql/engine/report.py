@@ -69,6 +69,18 @@ class PlannedQuery:
     def errors(self) -> dict[str, float | None]:
         return output_errors(self.plan)
 
+    @property
+    def relative_errors(self) -> dict[str, float | None]:
+        """Each output's expected error relative to the query's public ``expected`` value (of
+        its ``column``, or of every output when it names none); None without either."""
+        expected = self.spec.expected
+        return {
+            name: None
+            if expected is None or error is None or (self.spec.column not in (None, name))
+            else error / expected
+            for name, error in self.errors.items()
+        }
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
@@ -81,6 +93,7 @@ class PlannedQuery:
             "accuracy_target": self.spec.accuracy,
             "expected": self.spec.expected,
             "expected_error": self.errors,
+            "relative_error": self.relative_errors,
             "mechanism": self.plan.mechanism,
         }
 
@@ -150,12 +163,37 @@ class ReportPlan:
                 },
             )
 
+    def minimax_driver(self) -> dict[str, Any] | None:
+        """Under ``minimax``, the query that takes the largest share of the split: its error per
+        unit of ε, relative to its expected value, is the largest, so every other query's
+        relative error is held at its level (None under other rules)."""
+        if self.rule != "minimax":
+            return None
+        ruled = [q for q in self.queries if q.spec.epsilon is None]
+        split = sum(q.cost.epsilon_units for q in ruled)
+        if not ruled or not split:
+            return None
+        driver = max(ruled, key=lambda q: q.cost.epsilon_units)
+        scale = driver.spec.expected if driver.spec.expected is not None else driver.spec.accuracy
+        error = plan_error(driver.plan, driver.spec.column)
+        share = driver.cost.epsilon_units / split
+        return {
+            "query": driver.name,
+            "share_of_epsilon": share,
+            "relative_error": error / scale if scale else None,
+            "why": f"{driver.name} takes {share:.0%} of the split epsilon: its error per unit of "
+            "epsilon, relative to its expected value, is the largest, and minimax gives every "
+            "query the same relative error; a larger expected value (or a fixed epsilon, or "
+            "leaving it out) for it frees budget for the others",
+        }
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "title": self.spec.title,
             "analyst": self.analyst,
             "allocation": self.rule,
             "allocation_rule": RULE_EXPLANATIONS[self.rule],
+            "minimax_driver": self.minimax_driver(),
             "confidence": self.confidence,
             "total": {
                 "epsilon": self.total.epsilon,
@@ -334,7 +372,7 @@ def run_report(
     def answer_and_write() -> ReportRun:
         results = {}
         for query in plan.queries:
-            answer = release_answer(query.plan, entry, session.release_context())
+            answer = release_answer(query.plan, entry, session.release_context()).clamped()
             results[query.name] = answer.model_copy(
                 update={"epsilon": query.cost.epsilon, "delta": query.cost.delta}
             )

@@ -93,11 +93,66 @@ class QueryResult(BaseModel):
         """Column -> its noise law, where the release knows it (see ``with_noise_laws``)."""
         return dict(self._noise_laws)
 
-    def with_noise_laws(self, laws: dict[str, Any]) -> QueryResult:
-        """This answer with ``laws`` (column -> noise law) kept beside it."""
+    _value_ranges: dict[str, tuple[float | None, float | None]] = PrivateAttr(
+        default_factory=dict
+    )
+    """Column -> the range its true value cannot leave (a count is never negative), for
+    ``clamped``; not part of its JSON."""
+
+    def with_noise_laws(
+        self,
+        laws: dict[str, Any],
+        ranges: dict[str, tuple[float | None, float | None]] | None = None,
+    ) -> QueryResult:
+        """This answer with ``laws`` (column -> noise law) kept beside it, and ``ranges``
+        (column -> (low, high), None for no end) its true values cannot leave."""
         copy = self.model_copy()
         copy._noise_laws = dict(laws)
+        copy._value_ranges = dict(ranges if ranges is not None else self._value_ranges)
         return copy
+
+    @property
+    def value_ranges(self) -> dict[str, tuple[float | None, float | None]]:
+        return dict(self._value_ranges)
+
+    def clamped(self) -> QueryResult:
+        """Values and intervals of the columns whose true value cannot leave a range (a count
+        is never negative) clamped into it: post-processing, free. The interval still covers
+        the truth whenever the unclamped one did, and the value stays inside it;
+        ``details["unclamped"]`` keeps the noisy values that changed (unbiased, for sums
+        over many cells)."""
+        if not self._value_ranges:
+            return self
+        rows = [list(row) for row in self.rows]
+        intervals = dict(self.intervals)
+        unclamped: dict[str, list[Any]] = {}
+        for name, (low, high) in self._value_ranges.items():
+            if name not in self.columns:
+                continue
+            at = self.columns.index(name)
+            raw = [row[at] for row in rows]
+            for row in rows:
+                row[at] = _clamp(row[at], low, high)
+            if name in intervals:
+                intervals[name] = [
+                    (_clamp(a, low, high), _clamp(b, low, high)) for a, b in intervals[name]
+                ]
+            if any(row[at] != value for row, value in zip(rows, raw, strict=True)):
+                unclamped[name] = raw
+        details = {
+            **self.details,
+            "clamped": "a count (or a sum of values bounded on one side of 0) cannot be "
+            "negative (positive): its value is clamped into that range and its interval "
+            "intersected with it, after the release (free; the interval covers the truth "
+            "whenever the unclamped one did). Columns computed from released values "
+            "(post-processing) use the unclamped noisy values, which are unbiased; "
+            "details['unclamped'] lists a column's noisy values where one was changed",
+        }
+        if unclamped:
+            details["unclamped"] = unclamped
+        return self.model_copy(
+            update={"rows": [tuple(r) for r in rows], "intervals": intervals, "details": details}
+        )
 
     def to_pandas(self, *, intervals: bool = False) -> pd.DataFrame:
         """The rows as a DataFrame; with ``intervals=True`` also ``<col>_low``/``<col>_high``."""
@@ -155,6 +210,18 @@ class QueryResult(BaseModel):
                 "measures": self.measures,
             }
         )
+
+
+def _clamp(value: Any, low: float | None, high: float | None) -> Any:
+    """``value`` within ``[low, high]`` (a None end or value is left alone; an int stays an
+    int)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    if low is not None and value < low:
+        return type(value)(low)
+    if high is not None and value > high:
+        return type(value)(high)
+    return value
 
 
 class BudgetStatus(BaseModel):

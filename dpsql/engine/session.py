@@ -428,7 +428,7 @@ class Session:
             if "accuracy" in shown:
                 details = {**result.details, "accuracy": shown["accuracy"]}
                 result = result.model_copy(update={"details": details})
-            return self._kept(result if post is None else post_processed(result, post))
+            return self._kept((result if post is None else post_processed(result, post)).clamped())
 
         return after_charge(released)
 

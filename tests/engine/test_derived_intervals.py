@@ -26,6 +26,7 @@ from dpsql.mechanisms.laplace import choose_grid, noise_scale, release_counts, r
 from dpsql.sql.analyze import analyze
 from dpsql.sql.parse import parse
 from dpsql.sql.postprocess import ROW, PostProcess
+from tests.conftest import released_answer
 
 CATALOG = {"t": {"id": "BIGINT", "k": "INTEGER", "x": "INTEGER", "y": "INTEGER"}}
 GROUPS = 100
@@ -87,18 +88,7 @@ def _result(
 ) -> QueryResult:
     names = list(post.released_columns)
     rows = list(zip(*(values[n] for n in names), strict=True))
-    return QueryResult(
-        columns=names,
-        rows=rows,
-        intervals=intervals,
-        noise_scale={},
-        confidence=LEVEL,
-        epsilon=1.0,
-        delta=0.0,
-        mechanism="discrete_laplace",
-        analyst="a",
-        ledger_entry=1,
-    ).with_noise_laws(laws)
+    return released_answer(names, rows, intervals, confidence=LEVEL).with_noise_laws(laws)
 
 
 def _truth_of(post: PostProcess) -> list[tuple]:

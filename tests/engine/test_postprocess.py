@@ -20,7 +20,7 @@ from dpsql.engine.results import QueryResult
 from dpsql.errors import UnsupportedQueryError
 from dpsql.sql.parse import parse
 from dpsql.sql.postprocess import sandbox
-from tests.conftest import seeded_connect
+from tests.conftest import released_answer, seeded_connect
 from tests.engine.panel import build_panel, truth
 from tests.sql.test_analyze import FIXTURES, Case, read_cases
 
@@ -163,17 +163,8 @@ def test_refused_post_processing_charges_nothing(panel: Path) -> None:
 
 
 def _released(rows: list[tuple], intervals: list[tuple]) -> QueryResult:
-    return QueryResult(
-        columns=["__dp_g0", "__dp_a0"],
-        rows=rows,
-        intervals={"__dp_a0": intervals},
-        noise_scale={"__dp_a0": 1.0},
-        confidence=0.95,
-        epsilon=1.0,
-        delta=0.0,
-        mechanism="laplace",
-        analyst="a",
-        ledger_entry=1,
+    return released_answer(
+        ["__dp_g0", "__dp_a0"], rows, {"__dp_a0": intervals}, noise_scale={"__dp_a0": 1.0}
     )
 
 

@@ -127,6 +127,29 @@ def test_minimax_equalises_relative_errors_and_beats_weights(demo_db: Path, rng)
     assert max(relative["minimax"]) / min(relative["minimax"]) < 1.01  # equal up to rounding
 
 
+def test_plans_show_relative_errors_and_the_minimax_driver(demo_db: Path, rng) -> None:
+    """Each output's error relative to its expected value beside the absolute one; under
+    minimax the query that takes the largest share is named, with the common relative error."""
+    with seeded_connect(demo_db, analyst="bob", rng=rng) as session:
+        plan = plan_report(session, spec("minimax"))
+        weights = plan_report(session, spec("weights"))
+    shown = plan.to_dict()
+    by_name = {q["name"]: q for q in shown["queries"]}
+    assert by_name["adults"]["relative_error"]["adults"] == pytest.approx(
+        by_name["adults"]["expected_error"]["adults"] / 7000
+    )
+    assert by_name["latency"]["relative_error"] == {"mean_latency": None}  # no expected value
+    driver = shown["minimax_driver"]
+    biggest = max((q for q in plan.queries if q.spec.epsilon is None), key=lambda q: q.cost)
+    assert driver["query"] == biggest.name
+    assert driver["share_of_epsilon"] > 1 / 3
+    assert driver["relative_error"] == pytest.approx(
+        plan_error(biggest.plan, None) / biggest.spec.expected
+    )
+    assert biggest.name in driver["why"]
+    assert weights.to_dict()["minimax_driver"] is None
+
+
 def test_accuracy_gets_the_least_epsilon_meeting_each_target(demo_db: Path, rng) -> None:
     with seeded_connect(demo_db, analyst="bob", rng=rng) as session:
         plan = plan_report(session, spec("accuracy"))
@@ -222,12 +245,13 @@ def test_a_report_is_one_ledger_entry_and_writes_every_file(
         for column, error in q.errors.items():
             if error is None:
                 continue
-            for (low, high), value in zip(
-                result.intervals[column],
-                [row[result.columns.index(column)] for row in result.rows],
-                strict=True,
-            ):
-                assert high - value == pytest.approx(error) == pytest.approx(value - low)
+            raw = result.details.get("unclamped", {}).get(column) or [
+                row[result.columns.index(column)] for row in result.rows
+            ]
+            for (low, high), value in zip(result.intervals[column], raw, strict=True):
+                # counts and sums of non-negative values are clamped at 0 (and say so)
+                assert high == pytest.approx(max(value + error, 0))
+                assert low == pytest.approx(max(value - error, 0))
     html = (out / "report.html").read_text()
     assert html.count("<svg") == 4
     # self-contained: no script, stylesheet link or external resource, links stay in the page

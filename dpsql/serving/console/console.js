@@ -197,6 +197,7 @@ async function preview() {
       const shown = errors.map(([name, half]) => `${name} ±${half === null ? "depends on the data" : format(half)}`);
       parts.push(`Expected error (${level}% interval): ${shown.join(", ")}.`);
     }
+    for (const warning of (report.plan && report.plan.warnings) || []) parts.push(`Warning: ${warning}`);
     if (exceeds) parts.push("This query exceeds the remaining budget and would be refused.");
     line.textContent = parts.join(" ");
     line.className = exceeds ? "bad" : "muted";
@@ -227,7 +228,8 @@ function renderResult(result) {
   $("result-meta").textContent =
     `Spent ε=${format(result.epsilon_spent)}, δ=${format(result.delta_spent)} with ` +
     `${result.mechanism}; ledger entry ${result.ledger_entry}; error bars are ` +
-    `${Math.round(result.confidence * 100)}% intervals.`;
+    `${Math.round(result.confidence * 100)}% intervals.` +
+    ((result.details && result.details.warnings) || []).map((w) => ` Warning: ${w}`).join("");
   const columns = [];
   for (const name of result.columns) {
     columns.push(name);
