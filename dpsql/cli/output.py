@@ -231,6 +231,14 @@ def print_stream(opened: dict[str, Any], output_format: str) -> None:
         f"queries whose WHERE is {' AND '.join([*opened['filters'], '']) or ''}conditions on "
         f"{opened['key_column']} only are now answered from it"
     )
+    stated = opened.get("stated_error") or {}
+    if "stated" in stated:
+        console.print(
+            f"it will state errors of about ±{stated['stated']:.4g} "
+            f"({stated['confidence']:.0%} intervals; see stated_error)"
+        )
+    for warning in stated.get("warnings", []):
+        console.print(f"warning: {warning}")
 
 
 # Reports. ------------------------------------------------------------------------------------
