@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from dpsql.engine.backends import DUCKDB_CONFIG
+from dpsql.engine.policy import parse_policy
 from dpsql.engine.session import set_policy
 from tests.conftest import seeded_connect
 
@@ -96,7 +97,7 @@ def _database(directory: Path, persons: int) -> tuple[Path, duckdb.DuckDBPyConne
     connection.register("frame", _panel(persons))
     connection.execute("CREATE TABLE panel AS SELECT * FROM frame")
     connection.close()
-    set_policy(path, POLICY)
+    set_policy(path, parse_policy(POLICY))
     return path, duckdb.connect(str(path), read_only=True, config=DUCKDB_CONFIG)
 
 
