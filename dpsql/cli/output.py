@@ -261,7 +261,12 @@ def print_plan(planned: ReportPlan, output_format: str) -> None:
                 else f"{c}: depends on the data"
                 for c, e in q["expected_error"].items()
             ),
-            "-" if q["accuracy_target"] is None else f"±{q['accuracy_target']:g}",
+            ("-" if q["accuracy_target"] is None else f"±{q['accuracy_target']:g}")
+            + (
+                f" (all {q['simultaneous']['cells']} cells at once)"
+                if q.get("simultaneous")
+                else ""
+            ),
             q["mechanism"],
         ]
         for q in data["queries"]

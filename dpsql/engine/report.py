@@ -27,7 +27,7 @@ from dpsql.accountant.units import Cost, check_budget_value
 from dpsql.engine.accuracy import least_epsilon, output_errors, plan_error
 from dpsql.engine.allocation import split_units
 from dpsql.engine.planner import QueryPlan
-from dpsql.engine.query import after_charge, check_ranges, planner
+from dpsql.engine.query import after_charge, cells, check_ranges, planner
 from dpsql.engine.release import answer as release_answer
 from dpsql.engine.report_spec import QuerySpec, ReportSpec
 from dpsql.engine.results import BudgetStatus, QueryResult
@@ -60,6 +60,8 @@ class PlannedQuery:
     spec: QuerySpec
     sql: str
     plan: QueryPlan
+    together: bool = False
+    """Whether every interval of its answer holds at once (``simultaneous``)."""
 
     @property
     def cost(self) -> Cost:
@@ -94,7 +96,21 @@ class PlannedQuery:
             "expected": self.spec.expected,
             "expected_error": self.errors,
             "relative_error": self.relative_errors,
+            "simultaneous": self.simultaneous,
             "mechanism": self.plan.mechanism,
+        }
+
+    @property
+    def simultaneous(self) -> dict[str, Any] | None:
+        """For a simultaneous query: its cells, each interval's level and the level at which
+        they all hold at once (None otherwise)."""
+        if not (self.together or self.plan.shape.options.get("simultaneous")):
+            return None
+        count = cells(self.plan)
+        return {
+            "cells": count,
+            "cell_confidence": self.plan.confidence,
+            "confidence": 1 - (1 - self.plan.confidence) * count,
         }
 
 
@@ -227,7 +243,10 @@ def _planner(
         dataset = policy.dataset.model_copy(update={"confidence": spec.confidence})
         policy = policy.model_copy(update={"dataset": dataset})
     delta = check_budget_value("delta", query.delta, allow_zero=True)
-    return planner(bound, policy, session.binder, delta=delta), normalized
+    simultaneous = spec.simultaneous_for(query)
+    return planner(
+        bound, policy, session.binder, delta=delta, simultaneous=simultaneous
+    ), normalized
 
 
 def plan_report(session: Session, spec: ReportSpec) -> ReportPlan:
@@ -279,7 +298,9 @@ def plan_report(session: Session, spec: ReportSpec) -> ReportPlan:
         analyst=session.analyst,
         confidence=confidence,
         queries=tuple(
-            PlannedQuery(name, query, planners[name][1], plans[name])
+            PlannedQuery(
+                name, query, planners[name][1], plans[name], spec.simultaneous_for(query)
+            )
             for name, query in spec.queries.items()
         ),
         draws_on=(status.dataset, analyst_line),

@@ -284,3 +284,37 @@ def test_a_report_states_the_budget_period_it_spent(demo_db: Path, rng, tmp_path
     document = json.loads((tmp_path / "out" / "results.json").read_text())
     assert document["period"] == document["ledger_entry"]["period"] == month
     assert f"budget period <b>{month}</b>" in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_a_simultaneous_query_is_priced_for_all_its_cells_before_the_charge(
+    demo_db: Path, rng
+) -> None:
+    """``simultaneous = true`` (per query, or the report's default): each cell's level is split
+    across the answer's cells before pricing, so meeting the same accuracy target for all five
+    countries at once costs more; the plan says so, and the run's answer states the cell level."""
+    text = SPEC.format(rule="accuracy").replace("weight = 2\n", "weight = 2\nsimultaneous = true\n")
+    together, alone = parse_report_spec(text), spec("accuracy")
+    with seeded_connect(demo_db, analyst="bob", rng=rng) as session:
+        plans = {"together": plan_report(session, together), "alone": plan_report(session, alone)}
+    by_name = {k: {q.name: q for q in p.queries} for k, p in plans.items()}
+    joint, single = by_name["together"]["by_country"], by_name["alone"]["by_country"]
+    assert joint.cost.epsilon_units > single.cost.epsilon_units
+    assert plan_error(joint.plan, None) <= 40  # the target, at the cell level
+    shown = joint.to_dict()["simultaneous"]
+    assert shown["cells"] == 5 and shown["cell_confidence"] == pytest.approx(1 - 0.05 / 5)
+    assert shown["confidence"] == pytest.approx(0.95)
+    assert single.to_dict()["simultaneous"] is None
+    assert by_name["together"]["adults"].cost == by_name["alone"]["adults"].cost  # untouched
+    everything = parse_report_spec("simultaneous = true\n" + SPEC.format(rule="accuracy"))
+    assert everything.simultaneous_for(everything.queries["adults"])
+    refused = parse_report_spec(
+        "simultaneous = true\n"
+        + SPEC.format(rule="weights").replace(
+            "SELECT COUNT(*) AS adults", "SELECT MEDIAN(latency_ms) AS adults", 1
+        )
+    )
+    with (
+        pytest.raises(ParameterError, match="simultaneous=true needs"),
+        seeded_connect(demo_db, analyst="bob", rng=rng) as session,
+    ):
+        plan_report(session, refused)
