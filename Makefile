@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test bench install serve browser
+.PHONY: demo test bench install serve browser pgclients
 
 $(BIN)/.installed-run: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,15 @@ browser:
 		&& (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
 		|| echo "chromium not installed: the console's browser test will be skipped"; }
 
-test: $(BIN)/.installed-test browser
+# The PostgreSQL port's tests drive psql (postgresql-client) and pgjdbc (Metabase's and DBeaver's
+# driver, libpostgresql-jdbc-java, on the machine's Java); installed the same way, else skipped.
+pgclients:
+	@{ command -v psql >/dev/null 2>&1 && [ -f /usr/share/java/postgresql.jar ]; } \
+		|| { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+		&& (apt-get update -qq && apt-get install -y -qq postgresql-client libpostgresql-jdbc-java >/dev/null) \
+		|| echo "psql or pgjdbc not installed: those PostgreSQL-port tests will be skipped"; }
+
+test: $(BIN)/.installed-test browser pgclients
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest
 

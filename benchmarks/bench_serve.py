@@ -1,16 +1,17 @@
 """``dpsql serve`` against the local Python API, in one run, on the demo data.
 
 Latency and throughput of ``POST /v1/query`` (a COUNT over ``--rows`` rows) with 1, 4 and 16
-concurrent clients on loopback, as ratios against the same query through ``dpsql.connect`` in
-this process; then correctness at the cap: 16 clients x 50 queries against a cap that admits
-exactly K. Every loop is bounded; the script stops by itself.
+concurrent clients on loopback, and of the same query over the PostgreSQL port (``--pg-port``,
+psycopg 3), as ratios against the same query through ``dpsql.connect`` in this process; then
+correctness at the cap: 16 clients x 50 queries against a cap that admits exactly K. Every loop
+is bounded; the script stops by itself.
 
     .venv/bin/python benchmarks/bench_serve.py [--rows 100000] [--per-client 200] [--repeats 60]
         [--workers 2] [--runs 1] [--pause-ms 1.0]
 
-The 1-client latency takes the three clients (local API, HTTP, remote client) in rotating blocks
-of 10 queries, so load from elsewhere on the machine slows all three alike; the concurrency
-table's ratios are against that local median.
+The 1-client latency takes the clients (local API, HTTP, remote client, PostgreSQL port) in
+rotating blocks of 10 queries, so load from elsewhere on the machine slows all alike; the
+concurrency table's ratios are against that local median.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the test harness starts servers
+
+import psycopg
 
 import dpsql
 from dpsql.accountant.units import Cost
@@ -60,6 +63,15 @@ def block_latencies(
     with (
         dpsql.connect(local_database, analyst="alice") as local,
         dpsql.connect(server.url, token=server.alice) as remote,
+        psycopg.connect(
+            host="127.0.0.1",
+            port=server.pg_port,
+            user="alice",
+            password=server.alice,
+            dbname="demo",
+            autocommit=True,
+            options="-c dpsql.epsilon=0.001",
+        ) as postgres,
     ):
 
         def over_http() -> None:
@@ -69,6 +81,7 @@ def block_latencies(
             "local": lambda: local.execute(SQL, epsilon=0.001),
             "http": over_http,
             "remote": lambda: remote.execute(SQL, epsilon=0.001),
+            "postgres": lambda: postgres.execute(SQL).fetchall(),
             "paused": lambda: local.execute(SQL, epsilon=0.001),
         }
         samples: dict[str, list[float]] = {name: [] for name in clients}
@@ -105,17 +118,18 @@ def main() -> None:
     args = parser.parse_args()
     workers = ("--workers", str(args.workers), "--rate-limit", "1000000")
     with tempfile.TemporaryDirectory() as directory:
-        server = serve(Path(directory), *workers, policy=ROOMY, rows=args.rows)
+        server = serve(Path(directory), *workers, policy=ROOMY, rows=args.rows, postgres=True)
         try:
             print(f"COUNT(*) over {args.rows} rows; service with {args.workers} worker(s)")
             local_database = demo_database(Path(directory) / "local", ROOMY, args.rows)
-            ratios = []
+            ratios, postgres_ratios = [], []
             for run in range(args.runs):
                 samples = block_latencies(
                     server, local_database, args.per_client, args.pause_ms / 1e3
                 )
                 local_median = statistics.median(samples["local"])
                 ratios.append(statistics.median(samples["http"]) / local_median)
+                postgres_ratios.append(statistics.median(samples["postgres"]) / local_median)
                 print(
                     f"1 client, {args.per_client} queries each, in rotating blocks of 10"
                     + (f" (run {run + 1} of {args.runs}):" if args.runs > 1 else ":")
@@ -124,6 +138,7 @@ def main() -> None:
                 for name, label in (
                     ("http", "POST /v1/query (http.client)"),
                     ("remote", "dpsql.connect(url) (httpx)"),
+                    ("postgres", "PostgreSQL port (psycopg 3)"),
                     ("paused", f"local, {args.pause_ms:g} ms idle before"),
                 ):
                     median = statistics.median(samples[name])
@@ -137,6 +152,11 @@ def main() -> None:
                     "POST /v1/query / local, per run: "
                     + ", ".join(f"{r:.3f}" for r in ratios)
                     + f"; median of runs {statistics.median(ratios):.3f}"
+                )
+                print(
+                    "PostgreSQL port / local, per run: "
+                    + ", ".join(f"{r:.3f}" for r in postgres_ratios)
+                    + f"; median of runs {statistics.median(postgres_ratios):.3f}"
                 )
             body = {"sql": SQL, "epsilon": 0.001}
             print("POST /v1/query with http.client keep-alive connections:")

@@ -168,13 +168,22 @@ def contributions(
     default=None,
     help="Only an answer this analyst paid for; without it, any (the administrator's view).",
 )
+@click.option(
+    "--query",
+    "query_name",
+    default=None,
+    help="Of a report's ledger entry: the name of its query to print.",
+)
 @format_option("table", "json", "csv")
 @click.argument("entry", type=int)
-def result(database: str, analyst: str | None, output_format: str, entry: int) -> None:
-    """Print the answer released under ledger entry ENTRY again, for free (no new charge)."""
+def result(
+    database: str, analyst: str | None, query_name: str | None, output_format: str, entry: int
+) -> None:
+    """Print the answer released under ledger entry ENTRY again, for free (no new charge);
+    of a report's entry, the answer to its query --query NAME."""
     from dpsql.engine.session import database_result
 
-    print_result(database_result(database, entry, analyst), output_format)
+    print_result(database_result(database, entry, analyst, query_name), output_format)
     if output_format == "table":
         console.print("fetched from the ledger's stored answers: nothing was charged again")
 

@@ -59,3 +59,9 @@ def run_command(spec: str, database: str, analyst: str, out: str) -> None:
         f"epsilon={total.epsilon:.10g}, delta={total.delta:.10g}, "
         f"ledger entry {done.ledger_entry['seq']} ({done.ledger_entry['hash']})"
     )
+    seq = done.ledger_entry["seq"]
+    console.print(
+        f"answers stored under ledger entry {seq}, fetched again for free with "
+        f"`dpsql result {seq} --query NAME` (or GET /v1/results/{seq}?query=NAME): "
+        + ", ".join(done.results)
+    )

@@ -66,6 +66,31 @@ __all__ = ["accept_remote", "run_service", "serve", "serve_demo", "token"]
     help="Append one JSON line per request (refusals included; never SQL text) to this file; "
     "rotate it by renaming, the next line opens a new file.",
 )
+@click.option(
+    "--pg-port",
+    default=None,
+    envvar="DPSQL_PG_PORT",
+    type=click.IntRange(0, 65535),
+    help="Also accept PostgreSQL clients on this port (user: the analyst, password: their "
+    "token, database: the dataset); see docs/serving.md.",
+)
+@click.option(
+    "--pg-host",
+    default=None,
+    help="Address of the PostgreSQL port (default: --host).",
+)
+@click.option(
+    "--pg-tls-cert",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="PEM certificate chain for the PostgreSQL port; with --pg-tls-key, TLS is required.",
+)
+@click.option(
+    "--pg-tls-key",
+    default=None,
+    type=click.Path(exists=True, dir_okay=False),
+    help="PEM private key of --pg-tls-cert.",
+)
 def serve(
     database: str,
     host: str,
@@ -77,8 +102,13 @@ def serve(
     query_timeout: float,
     verify_every: float,
     access_log: str | None,
+    pg_port: int | None,
+    pg_host: str | None,
+    pg_tls_cert: str | None,
+    pg_tls_key: str | None,
 ) -> None:
-    """Serve the database over HTTP: the API under /v1, its docs at /docs, a console at /."""
+    """Serve the database over HTTP: the API under /v1, its docs at /docs, a console at /; with
+    --pg-port, over the PostgreSQL protocol too."""
     from dpsql.engine.session import show_policy
     from dpsql.serving.limits import ServerSettings
     from dpsql.serving.tokens import TokenStore
@@ -101,8 +131,30 @@ def serve(
         query_timeout=query_timeout,
         verify_every=verify_every,
         access_log=None if access_log is None else os.path.abspath(access_log),
+        pg_host=pg_host or host,
+        pg_port=pg_port,
+        pg_reuse_port=workers > 1,
+        pg_tls_cert=None if pg_tls_cert is None else os.path.abspath(pg_tls_cert),
+        pg_tls_key=None if pg_tls_key is None else os.path.abspath(pg_tls_key),
     )
+    if pg_port is not None:
+        _check_postgres(settings)
     run_service(settings, host=host, port=port, workers=workers)
+
+
+def _check_postgres(settings: ServerSettings) -> None:
+    """Refuse, in one line and before anything starts, a PostgreSQL port that is taken or a
+    certificate that does not load."""
+    from dpsql.serving.pgserver import tls_context
+
+    if (settings.pg_tls_cert is None) != (settings.pg_tls_key is None):
+        raise ParameterError("give both --pg-tls-cert and --pg-tls-key, or neither")
+    try:
+        tls_context(settings.pg_tls_cert, settings.pg_tls_key)
+    except (OSError, ValueError) as error:  # ssl.SSLError is an OSError
+        raise ParameterError(f"cannot load the PostgreSQL port's certificate: {error}") from None
+    assert settings.pg_port is not None
+    _listening_socket(settings.pg_host, settings.pg_port).close()
 
 
 def run_service(settings: ServerSettings, *, host: str, port: int, workers: int) -> None:
@@ -125,8 +177,14 @@ def run_service(settings: ServerSettings, *, host: str, port: int, workers: int)
         server_header=False,  # no software banner in every response
     )
     listening = _listening_socket(host, port)
+    postgres = (
+        ""
+        if settings.pg_port is None
+        else f" and postgresql://{settings.pg_host}:{settings.pg_port}"
+    )
     click.echo(
-        f"dpsql: serving {settings.database} on http://{host}:{port} ({workers} worker(s))",
+        f"dpsql: serving {settings.database} on http://{host}:{port}{postgres} "
+        f"({workers} worker(s))",
         err=True,
     )
     if workers > 1:
@@ -251,8 +309,15 @@ def _remote_verify(session: RemoteSession, **_: Any) -> None:
     click.echo(f"ledger at {session.url} verified: {report['detail']}")
 
 
-def _remote_result(session: RemoteSession, *, entry: int, output_format: str, **_: Any) -> None:
-    print_result(session.result(entry), output_format)
+def _remote_result(
+    session: RemoteSession,
+    *,
+    entry: int,
+    output_format: str,
+    query_name: str | None = None,
+    **_: Any,
+) -> None:
+    print_result(session.result(entry, query_name), output_format)
     if output_format == "table":
         click.echo("fetched from the service's stored answers: nothing was charged again")
 

@@ -19,7 +19,8 @@ query and the policy alone and charge nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
 from typing import Protocol
@@ -96,6 +97,15 @@ class Binder:
         function of the two in the database's semantics (no row is read) while the backend's
         settings (e.g. its time zone) cannot change: kept only for a backend that says so."""
         self._keeps = bool(getattr(backend, "settings_locked", False))
+
+    def with_relation(self, name: str, types: Mapping[str, str]) -> Binder:
+        """This binder also knowing relation ``name`` (``dpsql.engine.relations``) and its
+        columns' types; converted literals stay shared. Its string columns were checked for
+        binary collations where they come from (``bind_relation``)."""
+        other = copy.copy(self)
+        other.catalog = {**self.catalog, name: dict(types)}
+        other._binary = {**self._binary, **{(name, column): True for column in types}}
+        return other
 
     def run(self, sql: str) -> pd.DataFrame:
         """Run ``sql`` (DuckDB's dialect) on the backend, transpiled to its dialect."""
@@ -305,6 +315,8 @@ class Binder:
         where = f" AND ({shape.where.sql(dialect='duckdb')})" if shape.where is not None else ""
         try:
             source = _identifier(shape.table)
+            if shape.relation is not None:
+                source = f"({shape.relation.sql}) AS {source}"
             self._run(f"SELECT {', '.join(columns)} FROM {source} WHERE false{where}")
         except Exception:  # binding only: no row was read
             raise UnsupportedQueryError(

@@ -137,6 +137,8 @@ class QueryPlan:
                     f"mean of {column} clamped to {clamp} (bounded sum / bounded count), over "
                     f"rows {per_person}"
                 )
+            if self.shape.relation is not None:
+                text = f"{text}; {self.shape.relation.rule}"
             described[output.name] = self.family.measures(self, output, text)
         return described
 

@@ -24,6 +24,7 @@ from dpsql.engine.literals import Binder, BoundShape
 from dpsql.engine.planner import QueryPlan, plan_query
 from dpsql.engine.plans.laplace import Laplace
 from dpsql.engine.policy import Policy
+from dpsql.engine.relations import bind_relation, lift_query
 from dpsql.errors import FAILED_AFTER_CHARGE, ExecutionError, ParameterError, UnsupportedQueryError
 from dpsql.sql.analyze import analyze
 from dpsql.sql.generate import ranges_per_group
@@ -49,11 +50,16 @@ T = TypeVar("T")
 
 
 class BoundQuery(NamedTuple):
-    """A query checked and bound to the database: its bound shape, and its SQL as normalised
-    for the ledger."""
+    """A query checked and bound to the database: its bound shape, its SQL as normalised for
+    the ledger, and the policy it is planned under (the policy in force, with the relation it
+    reads as one more table when it joins tables or reads a subquery:
+    ``dpsql.engine.relations``)."""
 
     bound: BoundShape
     normalized: str
+    policy: Policy
+    binder: Binder
+    """The binder planning needs: the session's, knowing the relation's columns if any."""
 
 
 class Budget(NamedTuple):
@@ -89,10 +95,17 @@ def bind(
     parsed = parse(sql, dialect)
     deadline.check()
     with refusing_deep_recursion():
-        shape = analyze(parsed, visible_catalog(backend, policy))
+        catalog = visible_catalog(backend, policy)
+        lifted, relation = lift_query(parsed, catalog, policy)
+        normalized = parsed.expression.sql(dialect=backend.dialect)
+        if relation is None:
+            shape = analyze(parsed, catalog)
+            deadline.check()
+            return BoundQuery(binder.bind(shape, policy), normalized, policy, binder)
+        shape = analyze(lifted, {**catalog, relation.name: relation.types})
         deadline.check()
-        bound = binder.bind(shape, policy)
-        return BoundQuery(bound, parsed.expression.sql(dialect=backend.dialect))
+        shape, policy, binder = bind_relation(relation, shape, policy, binder)
+        return BoundQuery(binder.bind(shape, policy), normalized, policy, binder)
 
 
 def check_ranges(shape: QueryShape, policy: Policy, backend: Backend) -> None:

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 from dpsql.accountant.events import SequentialEvent, event_to_dict, total
 from dpsql.accountant.units import Cost, check_budget_value
@@ -231,21 +232,20 @@ def _planner(
 ) -> tuple[Callable[[float], QueryPlan], str]:
     """A function planning ``query`` at a given epsilon (reads no data), and its normalized SQL.
     The SQL is parsed and bound once; the report's confidence replaces the policy's."""
-    bound, normalized = session.bind(query.sql)
+    bound, normalized, policy, binder = session.bind(query.sql)
     for option in ("epsilon", "delta", "accuracy", "confidence"):
         if option in bound.shape.options:
             raise ParameterError(
                 f"the report sets {option}; remove it from OPTIONS(...)"
             )
-    check_ranges(bound.shape, session.policy, session.backend)
-    policy = session.policy
+    check_ranges(bound.shape, policy, session.backend)
     if spec.confidence is not None:
         dataset = policy.dataset.model_copy(update={"confidence": spec.confidence})
         policy = policy.model_copy(update={"dataset": dataset})
     delta = check_budget_value("delta", query.delta, allow_zero=True)
     simultaneous = spec.simultaneous_for(query)
     return planner(
-        bound, policy, session.binder, delta=delta, simultaneous=simultaneous
+        bound, policy, binder, delta=delta, simultaneous=simultaneous
     ), normalized
 
 
@@ -397,6 +397,7 @@ def run_report(
             results[query.name] = answer.model_copy(
                 update={"epsilon": query.cost.epsilon, "delta": query.cost.delta}
             )
+        session.keep_report(entry.seq, results)  # fetched again by entry and name, for free
         audit = _audit(session, entry.seq)
         out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
@@ -460,6 +461,15 @@ def results_document(
         "verify": audit["verify"],
         "period": audit.get("period"),
         "results": {name: result.to_dict() for name, result in results.items()},
+        "stored_results": {
+            name: {
+                "ledger_entry": audit["entry"]["seq"],
+                "query": name,
+                "cli": f"dpsql result {audit['entry']['seq']} --query {name}",
+                "http": f"/v1/results/{audit['entry']['seq']}?query={quote(name)}",
+            }
+            for name in results
+        },
     }
 
 

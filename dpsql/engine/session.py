@@ -283,21 +283,21 @@ class Session:
         max_answers: int | None,
         accuracy: float | None,
     ) -> QueryPlan:
-        shape = query.bound.shape
-        check_ranges(shape, self.policy, self.backend)
+        shape, policy = query.bound.shape, query.policy
+        check_ranges(shape, policy, self.backend)
         budget = resolve_budget(
-            shape, self.policy, epsilon=epsilon, delta=delta, accuracy=accuracy
+            shape, policy, epsilon=epsilon, delta=delta, accuracy=accuracy
         )
         plan_at = planner(
             query.bound,
-            self.policy,
-            self.binder,
+            policy,
+            query.binder,
             delta=budget.delta,
             mechanism=mechanism,
             max_answers=max_answers,
         )
         if budget.epsilon is None:
-            ceiling = min(self.policy.dataset.epsilon, self.policy.analysts[self.analyst].epsilon)
+            ceiling = min(policy.dataset.epsilon, policy.analysts[self.analyst].epsilon)
             return least_epsilon(plan_at, budget.target, ceiling=ceiling)
         return plan_at(budget.epsilon)
 
@@ -436,7 +436,12 @@ class Session:
     def _streams_for(shape: QueryShape, accuracy: float | None) -> bool:
         """Whether a query stream may answer: not for post-processed queries or an accuracy
         target (a stream's error is its own)."""
-        return shape.post is None and accuracy is None and "accuracy" not in shape.options
+        return (
+            shape.post is None
+            and accuracy is None
+            and "accuracy" not in shape.options
+            and shape.relation is None
+        )
 
     def _from_stream(
         self,
@@ -503,9 +508,14 @@ class Session:
         self._results.save(result)
         return result
 
-    def result(self, seq: int) -> QueryResult:
-        """An answer this analyst already paid for (ledger entry ``seq``), again, for free."""
-        return self._results.get(seq, self.analyst)
+    def result(self, seq: int, query: str | None = None) -> QueryResult:
+        """An answer this analyst already paid for (ledger entry ``seq``; of a report, its query
+        named ``query``), again, for free."""
+        return self._results.get(seq, self.analyst, query)
+
+    def keep_report(self, seq: int, results: dict[str, QueryResult]) -> None:
+        """Store a report's answers under its ledger entry ``seq`` (``result(seq, name)``)."""
+        self._results.save_report(seq, results)
 
     def contributions(
         self,
@@ -745,13 +755,16 @@ def database_ledger(database: str | Path, analyst: str | None = None) -> list[di
     return [e.to_dict() for e in entries if analyst is None or e.analyst == analyst]
 
 
-def database_result(database: str | Path, seq: int, analyst: str | None = None) -> QueryResult:
-    """The answer stored under ledger entry ``seq`` (the administrator's view), or with
-    ``analyst`` only if that analyst paid for it; the ledger is verified first."""
+def database_result(
+    database: str | Path, seq: int, analyst: str | None = None, query: str | None = None
+) -> QueryResult:
+    """The answer stored under ledger entry ``seq`` (of a report: its query ``query``), the
+    administrator's view, or with ``analyst`` only if that analyst paid for it; the ledger is
+    verified first."""
     _open_ledger(database).close()
     store = ResultStore(ledger_path(database))
     try:
-        return store.get(seq, analyst)
+        return store.get(seq, analyst, query)
     finally:
         store.close()
 

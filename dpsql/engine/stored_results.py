@@ -1,10 +1,11 @@
 """Released answers kept beside their ledger entries, so a lost output is fetched, not re-bought.
 
 Each answer is stored in the ledger file's ``results`` table under the sequence number of the
-entry that paid for it, as soon as it is released. Fetching it again is a copy of a release, not
-a new one: no charge, no new entry. Only the analyst of that entry (or an administrator reading
-the file) fetches it; for anyone else an entry without a stored answer and another analyst's
-answer look the same.
+entry that paid for it, as soon as it is released; the answers of a report (one entry paying for
+several queries) are stored in ``report_results`` under that entry and each query's name.
+Fetching one again is a copy of a release, not a new one: no charge, no new entry. Only the
+analyst of that entry (or an administrator reading the file) fetches it; for anyone else an
+entry without a stored answer and another analyst's answer look the same.
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ _SCHEMA = """
 CREATE TABLE IF NOT EXISTS results (
     seq INTEGER PRIMARY KEY,
     result TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS report_results (
+    seq INTEGER NOT NULL,
+    name TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    result TEXT NOT NULL,
+    PRIMARY KEY (seq, name)
 )
 """
 
@@ -46,14 +54,48 @@ class ResultStore(LedgerFileStore):
             (result.ledger_entry, json.dumps(result.model_dump(), sort_keys=True)),
         )
 
-    def get(self, seq: int, analyst: str | None = None) -> QueryResult:
-        """The answer released under ledger entry ``seq``; with ``analyst``, only theirs."""
+    def save_report(self, seq: int, results: dict[str, QueryResult]) -> None:
+        """Keep a report's answers under its ledger entry ``seq``, by query name, in order."""
+        self._connection.executemany(
+            "INSERT OR REPLACE INTO report_results VALUES (?, ?, ?, ?)",
+            [
+                (seq, name, position, json.dumps(result.model_dump(), sort_keys=True))
+                for position, (name, result) in enumerate(results.items())
+            ],
+        )
+
+    def report_queries(self, seq: int, analyst: str | None = None) -> list[str]:
+        """The names of the queries of the report paid for by entry ``seq`` (with ``analyst``,
+        only theirs), in the report's order; empty for any other entry."""
+        rows = self._connection.execute(
+            f"SELECT name FROM report_results WHERE seq = ? AND {_OWNED} ORDER BY position",
+            (seq, analyst, analyst),
+        ).fetchall()
+        return [name for (name,) in rows]
+
+    def get(self, seq: int, analyst: str | None = None, query: str | None = None) -> QueryResult:
+        """The answer released under ledger entry ``seq`` (of a report: its query ``query``);
+        with ``analyst``, only theirs."""
         if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
             raise ParameterError(f"a ledger entry number is a positive integer, got {seq!r}")
+        whose = "" if analyst is None else f" of analyst {analyst!r}"
+        if query is not None:
+            row = self._connection.execute(
+                f"SELECT result FROM report_results WHERE seq = ? AND name = ? AND {_OWNED}",
+                (seq, query, analyst, analyst),
+            ).fetchone()
+            if row is None:
+                raise ParameterError(f"ledger entry {seq} has no stored answer{whose} to {query!r}")
+            return QueryResult.model_validate(json.loads(row[0]))
         row = self._connection.execute(
             f"SELECT result FROM results WHERE seq = ? AND {_OWNED}", (seq, analyst, analyst)
         ).fetchone()
         if row is None:
-            whose = "" if analyst is None else f" of analyst {analyst!r}"
+            names = self.report_queries(seq, analyst)
+            if names:
+                raise ParameterError(
+                    f"ledger entry {seq} paid for a report of {len(names)} queries; name one: "
+                    + ", ".join(names)
+                )
             raise ParameterError(f"ledger entry {seq} has no stored answer{whose}")
         return QueryResult.model_validate(json.loads(row[0]))

@@ -272,7 +272,7 @@ class StreamDesk:
         if not isinstance(text, str) or not text.strip():
             raise ParameterError("a stream's filter is the text of a WHERE condition")
         source = exp.to_identifier(table, quoted=True).sql(dialect="duckdb")
-        bound, _ = self._session.bind(f"SELECT COUNT(*) FROM {source} WHERE {text}", "duckdb")
+        bound = self._session.bind(f"SELECT COUNT(*) FROM {source} WHERE {text}", "duckdb").bound
         shape = bound.shape
         probe = Stream("", "", table, columns, "", 0, 0, 0, {}, b"", "{}", 0)
         stream_part, fixed = split_where(shape.where, {c.name for c in columns})

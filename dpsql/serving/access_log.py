@@ -1,4 +1,5 @@
-"""The service's access log: one JSON line per HTTP request, refusals included.
+"""The service's access log: one JSON line per request, on HTTP and the PostgreSQL port alike,
+refusals included.
 
 ``AccessLog`` is ASGI middleware outside every other layer, so a request refused by the body
 limit (413), the token check (401, 403), the rate limit (429) or the request's validation (400)
@@ -7,6 +8,9 @@ is logged like an answered one. A line holds the time, the client's address, the
 type of a refusal, the ε and δ an answer was charged, the statement's SHA-256 (never SQL text or
 literals) and the duration. Endpoints add what they learn to ``scope["dpsql.access"]``
 (``note``); the status and problem type are read from the response itself.
+
+The PostgreSQL front door writes the same lines through ``AccessLogFile`` (method ``PG``, the
+statement's kind as the endpoint, the HTTP status its refusal stands for and its SQLSTATE).
 
 Lines are appended and flushed one by one through ``logging.handlers.WatchedFileHandler``, which
 reopens the path when the file was moved or deleted: rotating by renaming (logrotate's default)
@@ -24,7 +28,7 @@ from logging.handlers import WatchedFileHandler
 from pathlib import Path
 from typing import Any
 
-__all__ = ["SCOPE_KEY", "AccessLog", "note"]
+__all__ = ["SCOPE_KEY", "AccessLog", "AccessLogFile", "new_line", "note"]
 
 SCOPE_KEY = "dpsql.access"
 _PROBLEM = b"application/problem+json"
@@ -44,12 +48,47 @@ def note(scope: Scope, **fields: Any) -> None:
         line.update(fields)
 
 
+def new_line(client: str | None, method: str, endpoint: str) -> dict[str, Any]:
+    """A fresh line for a request of ``client`` (its fields filled in as the request goes)."""
+    return {
+        "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+        "client": client,
+        "token_id": None,
+        "analyst": None,
+        "role": None,
+        "method": method,
+        "endpoint": endpoint,
+        "status": 500,
+        "problem": None,
+        "epsilon": 0.0,
+        "delta": 0.0,
+    }
+
+
+class AccessLogFile:
+    """The log file: one JSON line appended and flushed per ``write``; a renamed file is
+    followed by a new one."""
+
+    def __init__(self, path: str | Path):
+        self.handler = WatchedFileHandler(path, encoding="utf-8")
+
+    def write(self, line: dict[str, Any]) -> None:
+        record = logging.makeLogRecord({"msg": json.dumps(line, separators=(",", ":"))})
+        try:
+            self.handler.handle(record)  # appends, flushes; reopens a moved file first
+        except Exception:  # a full disk must not turn answers into failures
+            _log.exception("cannot write the access log")
+
+    def close(self) -> None:
+        self.handler.close()
+
+
 class AccessLog:
     """ASGI middleware appending one JSON line per HTTP request to ``path``."""
 
     def __init__(self, app: ASGIApp, *, path: str | Path):
         self.app = app
-        self.handler = WatchedFileHandler(path, encoding="utf-8")
+        self.file = AccessLogFile(path)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -57,19 +96,7 @@ class AccessLog:
             return
         started = time.perf_counter()
         client = scope.get("client")
-        line: dict[str, Any] = {
-            "time": datetime.now(UTC).isoformat(timespec="milliseconds"),
-            "client": client[0] if client else None,
-            "token_id": None,
-            "analyst": None,
-            "role": None,
-            "method": scope["method"],
-            "endpoint": scope["path"],
-            "status": 500,
-            "problem": None,
-            "epsilon": 0.0,
-            "delta": 0.0,
-        }
+        line = new_line(client[0] if client else None, scope["method"], scope["path"])
         scope[SCOPE_KEY] = line
         reading_problem = False
 
@@ -94,14 +121,7 @@ class AccessLog:
             raise
         finally:
             line["duration_ms"] = round((time.perf_counter() - started) * 1000, 3)
-            self._write(line)
-
-    def _write(self, line: dict[str, Any]) -> None:
-        record = logging.makeLogRecord({"msg": json.dumps(line, separators=(",", ":"))})
-        try:
-            self.handler.handle(record)  # appends, flushes; reopens a moved file first
-        except Exception:  # a full disk must not turn answers into failures
-            _log.exception("cannot write the access log")
+            self.file.write(line)
 
     def close(self) -> None:
-        self.handler.close()
+        self.file.close()

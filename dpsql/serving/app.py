@@ -14,7 +14,6 @@ import math
 import os
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import date, datetime
 from importlib.metadata import version
 from pathlib import Path
@@ -28,7 +27,6 @@ from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
 
-from dpsql.accountant.ledger import current_actor
 from dpsql.engine.results import LEDGER_COLUMNS, csv_text
 from dpsql.engine.schema import describe_schema
 from dpsql.engine.session import Session, database_budget, database_ledger, database_synopses
@@ -36,10 +34,10 @@ from dpsql.engine.session import show_policy as policy_of
 from dpsql.errors import AccessError, DpsqlError, LedgerError, ParameterError, ServiceError
 from dpsql.serving import models
 from dpsql.serving.access_log import AccessLog, note
-from dpsql.serving.limits import BodyLimit, RateLimiter, ServerSettings
+from dpsql.serving.limits import BodyLimit, ServerSettings
 from dpsql.serving.problems import PROBLEM_MEDIA_TYPE, Problem, problem_for
-from dpsql.serving.runner import EngineRunner, RunnerTimeout
-from dpsql.serving.tokens import Identity, TokenStore
+from dpsql.serving.service import RateLimited, Service
+from dpsql.serving.tokens import Identity
 
 __all__ = ["SETTINGS_VARIABLE", "app_from_environment", "create_app"]
 
@@ -82,18 +80,8 @@ def _problem_response(problem: Problem, headers: dict[str, str] | None = None) -
     )
 
 
-class _RateLimited(ServiceError):
-    def __init__(self, per_minute: int, wait: float):
-        super().__init__(
-            f"rate limit of {per_minute} requests per minute for this token exceeded; "
-            f"retry in {math.ceil(wait)} s",
-            status=429,
-        )
-        self.retry_after = math.ceil(wait)
-
-
 def _headers_for(error: DpsqlError) -> dict[str, str] | None:
-    if isinstance(error, _RateLimited):
+    if isinstance(error, RateLimited):
         return {"Retry-After": str(error.retry_after)}
     if isinstance(error, AccessError) and error.status == 401:
         return {"WWW-Authenticate": "Bearer"}
@@ -104,48 +92,10 @@ def _csv(columns: list[str], rows: list[list[Any]]) -> Response:
     return Response(csv_text(columns, _plain(rows)), media_type="text/csv; charset=utf-8")
 
 
-@dataclass(frozen=True)
-class _Service:
-    """What every request of one worker shares."""
-
-    settings: ServerSettings
-    database: Path
-    tokens: TokenStore
-    runner: EngineRunner
-    limiter: RateLimiter
-
-    async def _run(self, work: Callable[[Session | None], T], analyst: str | None) -> T:
-        timeout = self.settings.query_timeout
-        try:
-            return await self.runner.run(work, analyst=analyst, timeout=timeout)
-        except RunnerTimeout:
-            raise ServiceError(
-                f"the request did not finish within the time limit of {timeout:g} s; "
-                "a query that was charged stays charged",
-                status=504,
-            ) from None
-
-    async def in_session(self, identity: Identity, work: Callable[[Session], T]) -> T:
-        """``work`` in the analyst's session on the engine thread, within the time limit; every
-        ledger entry it writes records the token (beside the server's operating-system user)."""
-        actor = {**current_actor(), "token": identity.token_id}
-
-        def acting(session: Session | None) -> T:
-            assert session is not None
-            session.act_as(actor)
-            return work(session)
-
-        return await self._run(acting, identity.name)
-
-    async def in_thread(self, work: Callable[[], T]) -> T:
-        """``work`` (no session: auditor reads) on the engine thread, within the time limit."""
-        return await self._run(lambda _: work(), None)
-
-
 BEARER = {"type": "http", "scheme": "bearer", "description": "a token from `dpsql token create`"}
 
 
-def _identify(request: Request, role: str | None) -> tuple[_Service, Identity]:
+def _identify(request: Request, role: str | None) -> tuple[Service, Identity]:
     """The worker's service and the caller named by the request's bearer token, admitted by the
     rate limit, in ``role`` (any role when None).
 
@@ -153,22 +103,13 @@ def _identify(request: Request, role: str | None) -> tuple[_Service, Identity]:
     (and each body or query parameter) costs a solve per request, which was most of what the
     service added to a query's latency; the OpenAPI document declares the same contract.
     """
-    service: _Service = request.app.state.service
+    service: Service = request.app.state.service
     scheme, _, token = request.headers.get("authorization", "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise AccessError("missing token: send 'Authorization: Bearer <token>'", status=401)
-    identity = service.tokens.authenticate(token.strip())
-    if identity is None:
-        raise AccessError("invalid or revoked token", status=401)
+    identity = service.authenticate(token.strip())
     note(request.scope, token_id=identity.token_id, analyst=identity.name, role=identity.role)
-    wait = service.limiter.admit(identity.token_id)
-    if wait is not None:
-        raise _RateLimited(service.settings.rate_per_minute, wait)
-    if role is not None and identity.role != role:
-        action = "query" if role == "analyst" else "do this"
-        raise AccessError(
-            f"role {identity.role!r} cannot {action}; use an {role} token", status=403
-        )
+    service.admit(identity, role)
     return service, identity
 
 
@@ -189,17 +130,11 @@ async def _json_body(request: Request, model: type[B]) -> B:
         raise RequestValidationError(error.errors(include_url=False, include_input=False)) from None
 
 
-def _within_sql_length(service: _Service, what: str, text: str | None) -> None:
-    limit = service.settings.max_sql_length
-    if text is not None and len(text) > limit:
-        raise ServiceError(f"{what} has {len(text)} characters; the limit is {limit}", status=413)
-
-
-async def _query_request(request: Request, service: _Service) -> models.QueryRequest:
+async def _query_request(request: Request, service: Service) -> models.QueryRequest:
     """The request's JSON body as a ``QueryRequest``, within the administrator's SQL length."""
     body = await _json_body(request, models.QueryRequest)
     note(request.scope, sql_sha256=hashlib.sha256(body.sql.encode("utf-8", "replace")).hexdigest())
-    _within_sql_length(service, "sql", body.sql)
+    service.within_sql_length("sql", body.sql)
     return body
 
 
@@ -279,10 +214,7 @@ async def query(request: Request) -> Response:
     service, identity = _identify(request, "analyst")
     body = await _query_request(request, service)
     as_csv = _wants_csv(request)
-    result = await service.in_session(
-        identity,
-        lambda s: s.execute(body.sql, dialect=body.dialect, **body.options()),
-    )
+    result = await service.execute(identity, body.sql, dialect=body.dialect, options=body.options())
     note(
         request.scope,
         epsilon=result.epsilon,
@@ -319,7 +251,7 @@ async def open_stream(request: Request) -> Response:
     Returns the stream's description (as `/v1/synopses` lists it)."""
     service, identity = _identify(request, "analyst")
     body = await _json_body(request, models.StreamRequest)
-    _within_sql_length(service, "filter", body.filter)
+    service.within_sql_length("filter", body.filter)
     opened = await service.in_session(
         identity,
         lambda s: s.open_stream(body.table, [c.spec() for c in body.columns], **body.arguments()),
@@ -411,6 +343,13 @@ async def schema(request: Request) -> Response:
 
 
 _NO_ANSWER = "ledger entry {seq} has no stored answer of yours"
+_REPORT_QUERY = {
+    "name": "query",
+    "in": "query",
+    "required": False,
+    "description": "of a report's ledger entry: the name of its query",
+    "schema": {"type": "string"},
+}
 
 
 _SEQ = {
@@ -427,13 +366,14 @@ _SEQ = {
     "/v1/results/{seq}",
     response_model=models.QueryResponse,
     csv=True,
-    parameters=(_SEQ,),
+    parameters=(_SEQ, _REPORT_QUERY),
     tags=["analyst"],
 )
 async def stored_result(request: Request) -> Response:
     """The answer released under the caller's ledger entry `seq` again, for free (no charge,
-    no new entry). 404, in the same words, for an entry without a stored answer and for another
-    analyst's."""
+    no new entry); of a report's entry, the answer to its query `?query=NAME` (400 naming the
+    report's queries without it). 404, in the same words, for an entry without a stored answer
+    and for another analyst's."""
     service, identity = _identify(request, "analyst")
     text = request.path_params["seq"]
     if not (text.isascii() and text.isdigit()) or int(text) < 1:
@@ -441,17 +381,21 @@ async def stored_result(request: Request) -> Response:
             "seq", f"a ledger entry number is a positive integer, got {text!r}"
         )
     seq = int(text)
+    query_name = request.query_params.get("query")
     as_csv = _wants_csv(request)
 
     def fetch(session: Session) -> Any:
         try:
-            return session.result(seq)
-        except ParameterError:
-            return None
+            return session.result(seq, query_name)
+        except ParameterError as error:
+            # A report of the caller's, fetched without a query name: say which names it has.
+            return error if "paid for a report" in str(error) else None
 
     result = await service.in_session(identity, fetch)
     if result is None:
         raise ServiceError(_NO_ANSWER.format(seq=seq), status=404)
+    if isinstance(result, ParameterError):
+        raise _invalid_parameter("query", str(result))
     if as_csv:
         return _csv(*result.interval_table())
     return StrictJSONResponse(result.to_dict())
@@ -529,22 +473,23 @@ def _with_bearer(app: FastAPI) -> dict[str, Any]:
 
 def create_app(settings: ServerSettings) -> FastAPI:
     """The service over ``settings.database`` (its policy must be set)."""
-    database = Path(settings.database)
-    policy_of(database)  # refuse to start without a policy, with the CLI's message
-    service = _Service(
-        settings,
-        database,
-        TokenStore(database),
-        EngineRunner(database, verify_every=settings.verify_every),
-        RateLimiter(settings.rate_per_minute, f"{database}.dpsql.rate.sqlite"),
-    )
+    policy_of(Path(settings.database))  # refuse to start without a policy, with the CLI's message
+    service = Service.open(settings)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        yield
-        service.runner.close()
-        service.tokens.close()
-        service.limiter.close()
+        door = None
+        if settings.pg_port is not None:  # the PostgreSQL port, on this worker's event loop
+            from dpsql.serving.pgserver import PgFrontDoor
+
+            door = PgFrontDoor(service)
+            await door.start()
+        try:
+            yield
+        finally:
+            if door is not None:
+                await door.close()
+            service.close()
 
     # FastAPIOffline: /docs and /redoc from assets in the package, not a CDN (data owners'
     # machines may have no route to the internet).

@@ -12,6 +12,7 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
 
 from dpsql.engine.results import BudgetReport, QueryResult
 from dpsql.engine.session import Session
@@ -177,11 +178,13 @@ class RemoteSession:
         }
         return self._call("POST", "/v1/streams", body)
 
-    def result(self, seq: int) -> QueryResult:
-        """The answer this analyst paid for under ledger entry ``seq``, again, for free."""
+    def result(self, seq: int, query: str | None = None) -> QueryResult:
+        """The answer this analyst paid for under ledger entry ``seq`` (of a report: its query
+        named ``query``), again, for free."""
         if isinstance(seq, bool) or not isinstance(seq, int) or seq < 1:
             raise ParameterError(f"a ledger entry number is a positive integer, got {seq!r}")
-        return QueryResult.from_dict(self._call("GET", f"/v1/results/{seq}"))
+        path = f"/v1/results/{seq}" if query is None else f"/v1/results/{seq}?query={quote(query)}"
+        return QueryResult.from_dict(self._call("GET", path))
 
     def schema(self) -> dict[str, Any]:
         """The tables this analyst may query, their columns, types and rules, the dataset's

@@ -1,4 +1,5 @@
-"""Limits the administrator sets on the service: body size, SQL length, rate, query time.
+"""Limits the administrator sets on the service: body size, SQL length, rate, query time, and
+the PostgreSQL port's address, connections and idle time.
 
 ``ServerSettings`` is validated once when the service starts. The rate limit is a token bucket
 per access token, shared by the workers through ``<database>.dpsql.rate.sqlite`` (a file of its
@@ -37,6 +38,15 @@ class ServerSettings(BaseModel):
     query_timeout: float = Field(60.0, gt=0, description="seconds a request may wait and run")
     verify_every: float = Field(60.0, ge=0, description="seconds between checks of the chain")
     access_log: str | None = Field(None, description="file of the access log (JSON lines)")
+    pg_host: str = Field("127.0.0.1", description="address of the PostgreSQL port")
+    pg_port: int | None = Field(None, ge=0, le=65535, description="PostgreSQL port (None: off)")
+    pg_reuse_port: bool = Field(False, description="workers share the PostgreSQL port")
+    pg_max_connections: int = Field(64, ge=1, description="PostgreSQL connections per worker")
+    pg_tls_cert: str | None = Field(None, description="certificate chain of the PostgreSQL port")
+    pg_tls_key: str | None = Field(None, description="its private key; with both, TLS is required")
+    pg_idle_timeout: float = Field(
+        600.0, gt=0, description="seconds a PostgreSQL connection may wait for its next message"
+    )
 
 
 class RateLimiter:

@@ -33,7 +33,7 @@ from dpsql.sql.shape import (
     RangeJoin,
 )
 
-__all__ = ["analyze"]
+__all__ = ["analyze", "check_filter"]
 
 _SELECT_ARGS = {"expressions", "from", "from_", "where", "group", "having", "joins"}
 _CLAUSE_NAMES = {
@@ -603,6 +603,19 @@ def analyze(parsed: ParsedQuery, catalog: Mapping[str, Mapping[str, str]]) -> Qu
     post = dataclasses.replace(post, types=postprocess.released_types(shape, catalog))
     postprocess.check(post)
     return dataclasses.replace(shape, post=post)
+
+
+def check_filter(
+    parsed: ParsedQuery, node: exp.Expression, columns: Mapping[str, str]
+) -> exp.Expression:
+    """``node``, a per-row filter over ``columns`` (name -> type) inside a subquery, checked
+    against the WHERE allow-list and returned with typed literals (``dpsql.sql.relations``)."""
+    analyzer = Analyzer(parsed, {"": columns})
+    analyzer.columns = dict(columns)
+    for found in node.find_all(exp.In):
+        if found.args.get("query"):
+            analyzer.reject(found, "a subquery's WHERE cannot hold another subquery")
+    return analyzer.predicate(node)
 
 
 def _unknown_table(name: str) -> str:

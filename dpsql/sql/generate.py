@@ -52,6 +52,7 @@ __all__ = [
     "ranges_per_group",
     "ranked_cells",
     "scoped",
+    "shape_rows",
     "unit_weight",
 ]
 
@@ -256,18 +257,24 @@ def _salted_order(unit_code: str, key_code: str, salt: int) -> tuple[tuple[str, 
     return (by_unit, by_key), order
 
 
-def private_rows(table: str, unit: str, partition: str | None = None) -> str:
+def private_rows(
+    table: str, unit: str, partition: str | None = None, *, relation: str | None = None
+) -> str:
     """The one source every read of private ``table`` goes through: its rows that have a privacy
     unit (``unit IS NOT NULL``) and, with ``partition``, only each unit's rows whose partition
     column holds the unit's smallest value in the whole table (each unit then lies in one
     partition). A row without a unit belongs to no person the noise protects, so no aggregate,
     filter, subquery, key release or stream may read it.
 
+    With ``relation`` (the SQL of a relation over several tables, ``dpsql.sql.relations``), the
+    rows are the relation's, named ``table``.
+
     >>> private_rows("t", "u")
     '(SELECT * FROM "t" WHERE "u" IS NOT NULL) AS "t"'
     """
     name, unit_name = identifier(table), identifier(unit)
-    rows = f"(SELECT * FROM {name} WHERE {unit_name} IS NOT NULL) AS {name}"
+    read = name if relation is None else f"({relation})"
+    rows = f"(SELECT * FROM {read} WHERE {unit_name} IS NOT NULL) AS {name}"
     if partition is None:
         return rows
     part = identifier(partition)
@@ -276,6 +283,12 @@ def private_rows(table: str, unit: str, partition: str | None = None) -> str:
         f"FROM {rows} GROUP BY {unit_name}) AS __partitions "
         f"ON {unit_name} = __partition_unit AND {part} = __partition_value"
     )
+
+
+def shape_rows(shape: QueryShape, unit: str, partition: str | None = None) -> str:
+    """``private_rows`` of the table (or relation over several tables) ``shape`` reads."""
+    relation = shape.relation.sql if shape.relation is not None else None
+    return private_rows(shape.table, unit, partition, relation=relation)
 
 
 def scoped(where: exp.Expression, table: str, unit: str) -> str:
@@ -471,7 +484,7 @@ def _chain(
         else:
             conditions.append(f"{identifier(column)} IS NOT NULL")
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
-    source = private_rows(shape.table, bounds.unit, bounds.partition)
+    source = shape_rows(shape, bounds.unit, bounds.partition)
     if shape.virtual:
         # Expressions inside aggregates, as columns (dpsql.sql.expressions); a person-level
         # subquery in a CASE, FILTER or grouping condition reads private rows too.
@@ -661,7 +674,7 @@ def range_counts(
         conditions.append(f"({scoped(shape.where, shape.table, unit)})")
     source = (
         f"SELECT {identifier(unit)} AS __unit, {identifier(join.value)} AS __value "
-        f"FROM {private_rows(shape.table, unit)} WHERE {' AND '.join(conditions)}"
+        f"FROM {shape_rows(shape, unit)} WHERE {' AND '.join(conditions)}"
     )
     ranges = ", ".join(
         [f"{identifier(join.low)} AS __low", f"{identifier(join.high)} AS __high"]
@@ -743,7 +756,7 @@ def clipping_profile(
     )
     sql = (
         f"WITH source AS (SELECT {identifier(unit)} AS __unit, {magnitude} AS __x "
-        f"FROM {private_rows(shape.table, unit, partition)} "
+        f"FROM {shape_rows(shape, unit, partition)} "
         f"WHERE {' AND '.join(conditions)}), "
         f"per_unit AS (SELECT __unit, {steps} FROM source GROUP BY __unit) "
         f"SELECT {totals} FROM per_unit"

@@ -136,6 +136,15 @@ class RangeJoin:
 
 
 @dataclass(frozen=True)
+class RelationSql:
+    """A relation over several tables as the database reads it: its ``sql`` (DuckDB's dialect),
+    and the ``rule`` its contribution bounds follow, in words."""
+
+    sql: str
+    rule: str
+
+
+@dataclass(frozen=True)
 class QueryShape:
     """One accepted SELECT over one table."""
 
@@ -157,6 +166,9 @@ class QueryShape:
     the declared bounds when the query was bound: its distinct values, in order."""
     post: Any = None
     """The post-processing of the released answer (``dpsql.sql.postprocess.PostProcess``)."""
+    relation: RelationSql | None = None
+    """The relation ``table`` names when the query reads several tables or a subquery
+    (``dpsql.sql.relations``); None for a table of the database."""
 
     @property
     def aggregates(self) -> tuple[Aggregate, ...]:

@@ -141,7 +141,9 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def _with_person(base: Path, directory: Path, person: dict[str, str], unit: str, rows: int) -> Path:
+def copy_with(base: Path, directory: Path, statements: list[str]) -> Path:
+    """A copy of the database ``base`` (and its ledger) in ``directory``, with ``statements``
+    run on it."""
     shutil.rmtree(directory, ignore_errors=True)
     directory.mkdir(parents=True)
     copy = directory / "w.duckdb"
@@ -149,12 +151,16 @@ def _with_person(base: Path, directory: Path, person: dict[str, str], unit: str,
     shutil.copy(f"{base}.dpsql.sqlite", f"{copy}.dpsql.sqlite")
     connection = duckdb.connect(str(copy))
     try:
-        values = ", ".join([unit, *(person[name] for name, _ in COLUMNS[1:])])
-        for _ in range(rows):
-            connection.execute(f"INSERT INTO w VALUES ({values})")
+        for statement in statements:
+            connection.execute(statement)
     finally:
         connection.close()
     return copy
+
+
+def _with_person(base: Path, directory: Path, person: dict[str, str], unit: str, rows: int) -> Path:
+    values = ", ".join([unit, *(person[name] for name, _ in COLUMNS[1:])])
+    return copy_with(base, directory, [f"INSERT INTO w VALUES ({values})"] * rows)
 
 
 # --- the queries -------------------------------------------------------------------------------

@@ -30,6 +30,7 @@ class Server:
     bob: str
     auditor: str
     process: subprocess.Popen[bytes]
+    pg_port: int | None = None
 
     def call(self, method: str, path: str, token: str | None, **kwargs) -> httpx.Response:
         headers = dict(kwargs.pop("headers", {}))
@@ -94,15 +95,25 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         process.stderr.close()
 
 
-def serve(directory: Path, *flags: str, policy: str = DEMO_POLICY, rows: int = 20_000):
-    """A fresh demo database with tokens for alice, bob and an auditor, served with ``flags``."""
+def serve(
+    directory: Path,
+    *flags: str,
+    policy: str = DEMO_POLICY,
+    rows: int = 20_000,
+    postgres: bool = False,
+):
+    """A fresh demo database with tokens for alice, bob and an auditor, served with ``flags``
+    (and with ``postgres``, on a free PostgreSQL port too)."""
     database = demo_database(directory, policy, rows)
     with TokenStore(database) as store:
         alice, _ = store.create("alice")
         bob, _ = store.create("bob")
         auditor, _ = store.create("carol", "auditor")
+    pg_port = free_port() if postgres else None
+    if pg_port is not None:
+        flags = (*flags, "--pg-port", str(pg_port))
     url, process = start(database, *flags)
-    return Server(url, database, alice, bob, auditor, process)
+    return Server(url, database, alice, bob, auditor, process, pg_port)
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,9 @@ import pytest
 
 import dpsql
 from dpsql.engine.demo import DEMO_POLICY
-from dpsql.engine.session import connect
+from dpsql.engine.report import run_report
+from dpsql.engine.report_spec import parse_report_spec
+from dpsql.engine.session import connect, database_result
 from tests.serving.conftest import Server, start, stop
 from tests.serving.test_api import assert_problem, charges, run_cli
 
@@ -172,3 +174,53 @@ def test_cli_schema_and_result_over_the_service(server: Server, tmp_path: Path) 
         refused.stderr.strip() == f"dpsql: error: ledger entry {seq} has no stored answer of yours"
     )
     assert len(charges(server)) == count
+
+
+REPORT = """
+title = "Traffic"
+epsilon = 0.2
+
+[queries.by_country]
+sql = "SELECT country, COUNT(*) AS n FROM requests GROUP BY country"
+
+[queries.total]
+sql = "SELECT COUNT(*) AS n FROM requests"
+"""
+
+
+def test_a_reports_answers_are_fetched_by_entry_and_query_name(
+    server: Server, tmp_path: Path
+) -> None:
+    with connect(server.database, analyst="alice") as session:
+        done = run_report(session, parse_report_spec(REPORT), tmp_path / "report")
+    seq = done.ledger_entry["seq"]
+    document = json.loads((tmp_path / "report" / "results.json").read_text())
+    assert document["stored_results"]["total"] == {
+        "ledger_entry": seq,
+        "query": "total",
+        "cli": f"dpsql result {seq} --query total",
+        "http": f"/v1/results/{seq}?query=total",
+    }
+    before = len(server.entries())
+    with dpsql.connect(server.url, token=server.alice) as alice:
+        for name, answer in done.results.items():
+            again = alice.result(seq, name)
+            assert again.rows == answer.rows and again.ledger_entry == seq
+        http = server.call("GET", document["stored_results"]["total"]["http"], server.alice)
+        assert http.json()["rows"] == document["results"]["total"]["rows"]
+    unnamed = server.call("GET", f"/v1/results/{seq}", server.alice)
+    unnamed = assert_problem(unnamed, 400, "parameter")
+    assert "by_country, total" in unnamed["detail"]
+    unknown = server.call("GET", f"/v1/results/{seq}?query=nope", server.alice)
+    theirs = server.call("GET", f"/v1/results/{seq}?query=total", server.bob)
+    bare = server.call("GET", f"/v1/results/{seq}", server.bob)  # names no query of alice's
+    for response in (unknown, theirs, bare):
+        assert_problem(response, 404, "not-found")
+    assert database_result(server.database, seq, query="by_country").rows == (
+        done.results["by_country"].rows
+    )
+    for where in (("--url", server.url, "--token", server.alice), ("--db", str(server.database))):
+        printed = run_cli("result", str(seq), "--query", "total", "--format", "json", *where)
+        assert printed.returncode == 0, printed.stderr
+        assert json.loads(printed.stdout)["rows"] == document["results"]["total"]["rows"]
+    assert len(server.entries()) == before  # nothing charged again

@@ -169,7 +169,10 @@ def with_automatic_bounds(
     table = plan.table
     rules = table.column(auto.column).model_copy(update={"bounds": chosen})
     table = table.model_copy(update={"columns": {**table.columns, auto.column: rules}})
-    name = next(k for k in context.policy.tables if k.lower() == plan.shape.table.lower())
+    name = next(
+        (k for k in context.policy.tables if k.lower() == plan.shape.table.lower()),
+        plan.shape.table,  # a relation over several tables (dpsql.engine.relations)
+    )
     policy = context.policy.model_copy(update={"tables": {**context.policy.tables, name: table}})
     from dpsql.engine.planner import plan_query  # the planner imports the families
 
