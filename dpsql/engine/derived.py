@@ -198,6 +198,8 @@ def post_processed(result: QueryResult, post: PostProcess) -> QueryResult:
     width = len(post.columns)
     try:
         _, rows = _run(post, frame, _with_ends(outer, plan) if post.rowwise else post.outer, extra)
+    except duckdb.InterruptException:
+        raise  # the request's time limit: no second attempt
     except duckdb.Error:
         # The bounds only: the outer query itself was checked before the charge.
         reason = "its bounds could not be computed from the released values"

@@ -123,7 +123,7 @@ class QueryResult(BaseModel):
         over many cells)."""
         if not self._value_ranges:
             return self
-        rows = [list(row) for row in self.rows]
+        rows = self.rows
         intervals = dict(self.intervals)
         unclamped: dict[str, list[Any]] = {}
         for name, (low, high) in self._value_ranges.items():
@@ -131,14 +131,18 @@ class QueryResult(BaseModel):
                 continue
             at = self.columns.index(name)
             raw = [row[at] for row in rows]
-            for row in rows:
-                row[at] = _clamp(row[at], low, high)
-            if name in intervals:
-                intervals[name] = [
-                    (_clamp(a, low, high), _clamp(b, low, high)) for a, b in intervals[name]
-                ]
-            if any(row[at] != value for row, value in zip(rows, raw, strict=True)):
+            if _outside(raw, low, high):
                 unclamped[name] = raw
+                rows = [
+                    (*row[:at], _clamp(row[at], low, high), *row[at + 1 :]) for row in rows
+                ]
+            pairs = intervals.get(name)
+            # Every interval has low end <= high end: only the low ends can be below ``low``.
+            if pairs is not None and (
+                _outside([pair[0] for pair in pairs], low, None)
+                or _outside([pair[1] for pair in pairs], None, high)
+            ):
+                intervals[name] = [(_clamp(a, low, high), _clamp(b, low, high)) for a, b in pairs]
         details = {
             **self.details,
             "clamped": "a count (or a sum of values bounded on one side of 0) cannot be "
@@ -150,9 +154,7 @@ class QueryResult(BaseModel):
         }
         if unclamped:
             details["unclamped"] = unclamped
-        return self.model_copy(
-            update={"rows": [tuple(r) for r in rows], "intervals": intervals, "details": details}
-        )
+        return self.model_copy(update={"rows": rows, "intervals": intervals, "details": details})
 
     def to_pandas(self, *, intervals: bool = False) -> pd.DataFrame:
         """The rows as a DataFrame; with ``intervals=True`` also ``<col>_low``/``<col>_high``."""
@@ -210,6 +212,20 @@ class QueryResult(BaseModel):
                 "measures": self.measures,
             }
         )
+
+
+def _outside(values: list[Any], low: float | None, high: float | None) -> bool:
+    """Whether a number among ``values`` lies outside ``[low, high]`` (one pass in C where
+    every value is a number; None and other values are left alone)."""
+    if not values or (low is None and high is None):
+        return False
+    try:
+        return (low is not None and min(values) < low) or (
+            high is not None and max(values) > high
+        )
+    except TypeError:  # a None or a text among them
+        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        return _outside(numbers, low, high)
 
 
 def _clamp(value: Any, low: float | None, high: float | None) -> Any:

@@ -36,6 +36,17 @@ function format(value) {
   return String(Number(value.toPrecision(6)));
 }
 
+// A float with an interval, shown to two significant digits of its half-width (ends outwards);
+// display only: the result keeps every digit.
+function shownWithNoise(value, [low, high]) {
+  const numbers = [value, low, high].every((v) => typeof v === "number" && Number.isFinite(v));
+  if (!numbers || Number.isInteger(value) || !(high > low)) return [value, low, high];
+  const step = 10 ** (Math.floor(Math.log10((high - low) / 2)) - 1);
+  const digits = Math.max(0, -Math.round(Math.log10(step)));
+  const at = (v, how) => Number((how(v / step) * step).toFixed(digits));
+  return [at(value, Math.round), at(low, Math.floor), at(high, Math.ceil)];
+}
+
 function element(tag, text, className) {
   const node = document.createElement(tag);
   if (text !== undefined) node.textContent = text;
@@ -238,8 +249,8 @@ function renderResult(result) {
   const rows = result.rows.map((row, r) => {
     const out = [];
     result.columns.forEach((name, i) => {
-      out.push(row[i]);
-      if (name in result.intervals) out.push(...result.intervals[name][r]);
+      if (name in result.intervals) out.push(...shownWithNoise(row[i], result.intervals[name][r]));
+      else out.push(row[i]);
     });
     return out;
   });
