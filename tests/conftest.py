@@ -11,6 +11,7 @@ import pytest
 
 import dpsql
 from dpsql.engine.demo import DEMO_POLICY, build_demo
+from dpsql.engine.results import QueryResult
 from dpsql.engine.session import set_policy
 
 
@@ -52,3 +53,22 @@ def seeded(function, *args, rng: np.random.Generator, **kwargs):
 
 def seeded_connect(*args, rng: np.random.Generator, **kwargs) -> dpsql.Session:
     return seeded(dpsql.connect, *args, rng=rng, **kwargs)
+
+
+def released_answer(
+    columns: list[str], rows: list[tuple], intervals: dict[str, list[tuple]], **fields
+) -> QueryResult:
+    """A released answer as a mechanism would return it, for tests of what follows (the other
+    fields: a 95% answer of ledger entry 1, unless ``fields`` say otherwise)."""
+    defaults = {
+        "noise_scale": {},
+        "confidence": 0.95,
+        "epsilon": 1.0,
+        "delta": 0.0,
+        "mechanism": "discrete_laplace",
+        "analyst": "a",
+        "ledger_entry": 1,
+    }
+    return QueryResult(
+        columns=columns, rows=rows, intervals=intervals, **{**defaults, **fields}
+    )

@@ -7,6 +7,7 @@ and writes it; commands decide nothing about layout.
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -56,6 +57,36 @@ def _number(value: Any) -> str:
     return str(value)
 
 
+def _step(low: Any, high: Any) -> float | None:
+    """The rounding step a value with interval ``[low, high]`` deserves: a tenth of the power
+    of ten at or below its half-width (two significant digits of the error)."""
+    numbers = (int, float)
+    if not (isinstance(low, numbers) and isinstance(high, numbers)) or not high > low:
+        return None
+    half = (high - low) / 2
+    if not math.isfinite(half):
+        return None
+    return 10.0 ** (math.floor(math.log10(half)) - 1)
+
+
+def _shown(columns: list[str], row: list[Any], result: QueryResult) -> list[Any]:
+    """A row of ``interval_table`` for display: each float with an interval rounded to the
+    precision its noise allows (the ends outwards); the result itself keeps every digit."""
+    shown = list(row)
+    for name in result.intervals:
+        if name not in columns:
+            continue
+        at = columns.index(name)
+        step = _step(row[at + 1], row[at + 2])
+        if step is None or not isinstance(row[at], float):
+            continue
+        digits = max(0, -round(math.log10(step)))
+        shown[at] = round(round(row[at] / step) * step, digits)
+        shown[at + 1] = round(math.floor(row[at + 1] / step) * step, digits)
+        shown[at + 2] = round(math.ceil(row[at + 2] / step) * step, digits)
+    return shown
+
+
 def print_table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
     table = Table(title=title, title_justify="left")
     for column in columns:
@@ -94,9 +125,11 @@ def print_result(
     if output_format == "csv":
         print_csv(columns, rows)
         return
-    print_table(title, columns, rows[:max_rows])
+    print_table(title, columns, [_shown(columns, row, result) for row in rows[:max_rows]])
     if max_rows is not None and len(rows) > max_rows:
         console.print(f"... {len(rows)} rows in all (first {max_rows} shown)")
+    for warning in result.details.get("warnings", []):
+        console.print(f"warning: {warning}")
     for name, measured in result.measures.items():
         console.print(f"{name} measures: {measured}")
     console.print(
@@ -198,6 +231,14 @@ def print_stream(opened: dict[str, Any], output_format: str) -> None:
         f"queries whose WHERE is {' AND '.join([*opened['filters'], '']) or ''}conditions on "
         f"{opened['key_column']} only are now answered from it"
     )
+    stated = opened.get("stated_error") or {}
+    if "stated" in stated:
+        console.print(
+            f"it will state errors of about ±{stated['stated']:.4g} "
+            f"({stated['confidence']:.0%} intervals; see stated_error)"
+        )
+    for warning in stated.get("warnings", []):
+        console.print(f"warning: {warning}")
 
 
 # Reports. ------------------------------------------------------------------------------------
@@ -212,10 +253,20 @@ def print_plan(planned: ReportPlan, output_format: str) -> None:
             f"{q['epsilon']:.10g}",
             f"{q['delta']:.10g}",
             "; ".join(
-                f"{c} ±{e:.6g}" if e is not None else f"{c}: depends on the data"
+                (
+                    f"{c} ±{e:.6g}"
+                    + (f" (±{r:.1%} of expected)" if (r := q["relative_error"].get(c)) else "")
+                )
+                if e is not None
+                else f"{c}: depends on the data"
                 for c, e in q["expected_error"].items()
             ),
-            "-" if q["accuracy_target"] is None else f"±{q['accuracy_target']:g}",
+            ("-" if q["accuracy_target"] is None else f"±{q['accuracy_target']:g}")
+            + (
+                f" (all {q['simultaneous']['cells']} cells at once)"
+                if q.get("simultaneous")
+                else ""
+            ),
             q["mechanism"],
         ]
         for q in data["queries"]
@@ -233,6 +284,13 @@ def print_plan(planned: ReportPlan, output_format: str) -> None:
         rows,
     )
     console.print(f"rule: {data['allocation_rule']}")
+    if data.get("minimax_driver"):
+        driver = data["minimax_driver"]
+        relative = driver["relative_error"]
+        console.print(
+            f"minimax driver: {driver['why']}"
+            + ("" if relative is None else f"; every relative error is ±{relative:.1%}")
+        )
     total = data["total"]
     console.print(
         f"total: epsilon={total['epsilon']:.10g} ({total['epsilon_units']} units of 1e-9), "
@@ -283,7 +341,8 @@ def print_popularity(result: PopularityResult, output_format: str) -> None:
     print_table(f"Item popularity in release {result.release}", columns, rows)
     console.print(
         f"{result.persons} persons; standard error {result.std_error:.4g}; intervals are "
-        f"{result.confidence:.0%} confidence per item; free (post-processing), ledger entry "
+        f"{result.confidence:.0%} confidence per item; estimates are unbiased, unclipped (may "
+        f"fall below 0 or above {result.persons}); free (post-processing), ledger entry "
         f"{result.ledger_entry}"
     )
 
@@ -294,8 +353,8 @@ def print_common_items(result: CommonItemsResult, output_format: str) -> None:
         return
     console.print(
         f"common items of {result.person_a} and {result.person_b}: {result.estimate:.4g} "
-        f"(standard error {result.std_error:.4g}); free (post-processing), ledger entry "
-        f"{result.ledger_entry}"
+        f"(standard error {result.std_error:.4g}; unbiased, unclipped: it may be negative); "
+        f"free (post-processing), ledger entry {result.ledger_entry}"
     )
 
 

@@ -15,13 +15,14 @@ import numpy as np
 import pandas as pd
 
 from dpsql.accountant.ledger import LedgerEntry
+from dpsql.engine.noise_laws import DiscreteLaplaceLaw, RatioLaw, ratio_interval
 from dpsql.engine.plans.base import MECHANISM, literal_text
 from dpsql.engine.results import QueryResult
 from dpsql.mechanisms import (
     sketch_split,
 )
 from dpsql.mechanisms.laplace import interval_half_width, release_counts, release_grid_sums
-from dpsql.sql.generate import MeasureKind
+from dpsql.sql.generate import Measure, MeasureKind
 from dpsql.sql.shape import AggregateKind, GroupKey
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ALP_ROWS_PER_KEY",
+    "having_kept",
     "having_rows",
     "laplace_answer",
     "plain",
@@ -77,6 +79,7 @@ def laplace_answer(
     intervals: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     scales: dict[str, float] = {}
     half_widths_for_ratio: dict[str, float] = {}
+    measured: dict[str, DiscreteLaplaceLaw] = {}
     for m in plan.measurements:
         exact = aligned[m.measure.name]
         if m.measure.kind is MeasureKind.SUM:
@@ -102,11 +105,14 @@ def laplace_answer(
             lower, upper = lower.astype(np.int64), upper.astype(np.int64)
         intervals[m.label] = (lower, upper)
         scales[m.label] = release.scale
+        measured[m.label] = DiscreteLaplaceLaw(m.scale, m.grid)
         half_widths_for_ratio[m.label] = interval_half_width(m.scale, (1 + confidence) / 2) * m.grid
 
     columns: dict[str, list[Any]] = {}
     result_intervals: dict[str, list[tuple[float, float]]] = {}
     result_scales: dict[str, float] = {}
+    laws: dict[str, DiscreteLaplaceLaw | RatioLaw] = {}
+    ranges: dict[str, tuple[float | None, float | None]] = {}
     for output in plan.shape.outputs:
         if isinstance(output, GroupKey):
             index = plan.shape.group_by.index(output.column)
@@ -127,7 +133,7 @@ def laplace_answer(
         if output.kind is AggregateKind.AVG:
             low, high = plan.table.column(output.column or "").bounds  # type: ignore[misc]
             count_label = f"COUNT({output.column}) within bounds"
-            values, lower, upper = _ratio(
+            values, lower, upper = ratio_interval(
                 noisy[label],
                 noisy[count_label],
                 half_widths_for_ratio[label],
@@ -136,17 +142,27 @@ def laplace_answer(
                 high,
             )
             result_scales[output.name] = float("nan")
+            laws[output.name] = RatioLaw(
+                noisy[label], noisy[count_label], measured[label], measured[count_label], low, high
+            )
         else:
             values = noisy[label]
             lower, upper = intervals[label]
             result_scales[output.name] = scales[label]
+            laws[output.name] = measured[label]
+            ranges[output.name] = _true_range(
+                next(m.measure for m in plan.measurements if m.label == label)
+            )
         columns[output.name] = [plain(v) for v in values]
         result_intervals[output.name] = [
             (plain(a), plain(b)) for a, b in zip(lower, upper, strict=True)
         ]
     names = list(plan.shape.column_names)
     rows = list(zip(*(columns[n] for n in names), strict=True))
+    kept = having_kept(plan, names, rows)
     rows, result_intervals = having_rows(plan, names, rows, result_intervals)
+    if kept is not None:
+        laws = {n: law.kept(kept) if isinstance(law, RatioLaw) else law for n, law in laws.items()}
     return QueryResult(
         columns=names,
         rows=rows,
@@ -158,7 +174,28 @@ def laplace_answer(
         mechanism=MECHANISM,
         analyst=analyst,
         ledger_entry=entry.seq,
-    )
+    ).with_noise_laws(laws, {n: r for n, r in ranges.items() if r != (None, None)})
+
+
+def _true_range(measure: Measure) -> tuple[float | None, float | None]:
+    """The range a COUNT or SUM's true (bounded) value cannot leave: a count is never
+    negative, nor a sum of values clamped to ``[low >= 0, high]`` (nor positive when
+    ``high <= 0``)."""
+    if measure.kind is not MeasureKind.SUM:
+        return (0, None)
+    if measure.clamp is None:
+        return (None, None)
+    low, high, _ = measure.clamp
+    return (0 if low >= 0 else None, 0 if high <= 0 else None)
+
+
+def having_kept(plan: QueryPlan, names: list[str], rows: list[tuple[Any, ...]]) -> list[int] | None:
+    """The rows whose noisy COUNT(*) passes HAVING (None: no HAVING)."""
+    having = plan.shape.having
+    if having is None:
+        return None
+    position = names.index(having.name)
+    return [i for i, row in enumerate(rows) if row[position] >= having.integer_threshold]
 
 
 def having_rows(
@@ -168,41 +205,10 @@ def having_rows(
     intervals: dict[str, list[tuple[Any, Any]]],
 ) -> tuple[list[tuple[Any, ...]], dict[str, list[tuple[Any, Any]]]]:
     """Keep the rows whose noisy COUNT(*) passes HAVING (post-processing of released values)."""
-    having = plan.shape.having
-    if having is None:
+    keep = having_kept(plan, names, rows)
+    if keep is None:
         return rows, intervals
-    position = names.index(having.name)
-    keep = [i for i, row in enumerate(rows) if row[position] >= having.integer_threshold]
     return [rows[i] for i in keep], {k: [v[i] for i in keep] for k, v in intervals.items()}
-
-
-def _ratio(
-    sums: np.ndarray,
-    counts: np.ndarray,
-    sum_half: float,
-    count_half: float,
-    low: float,
-    high: float,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """AVG = noisy SUM / noisy COUNT, clamped to the bounds; the interval joins the two
-    (1+c)/2 intervals (union bound), so it covers with probability at least c. Where the count's
-    interval reaches below one row (an empty group, say) nothing rules out any mean: the
-    interval is the whole bounds and the value their midpoint, not whichever bound the ratio of
-    two noisy numbers happens to hit."""
-    values = np.clip(sums / np.maximum(counts, 1), low, high)
-    count_low = counts - count_half
-    count_high = counts + count_half
-    corners = np.stack(
-        [
-            (sums + s) / c
-            for s in (-sum_half, sum_half)
-            for c in (np.maximum(count_low, 1), np.maximum(count_high, 1))
-        ]
-    )
-    lower = np.where(count_low >= 1, np.clip(corners.min(axis=0), low, high), low)
-    upper = np.where(count_low >= 1, np.clip(corners.max(axis=0), low, high), high)
-    values = np.where(count_low >= 1, values, (low + high) / 2)
-    return values, lower, upper
 
 
 def plain(value: Any) -> Any:

@@ -121,8 +121,9 @@ class QueryPlan:
             if output.kind is AggregateKind.QUANTILE:
                 text = (
                     f"the {output.quantile} quantile of {column} clamped to {clamp}: the midpoint "
-                    "of a public bin chosen by permute-and-flip (no interval; see the rank error "
-                    f"in the plan's quantiles), over rows {per_person}"
+                    "of a public bin chosen by permute-and-flip, over rows "
+                    f"{per_person}; the interval is that bin, which holds a value within the "
+                    "rank error (the plan's quantiles) of the quantile, not surely the quantile"
                 )
             elif output.kind is AggregateKind.PERSONS:
                 text = f"persons with a row kept under the bounds ({per_person})"
@@ -140,6 +141,39 @@ class QueryPlan:
                 text = f"{text}; {self.shape.relation.rule}"
             described[output.name] = self.family.measures(self, output, text)
         return described
+
+    def warnings(self) -> list[str]:
+        """Traps in what the answer measures, from the shape and the policy alone: a GROUP BY
+        whose per-group row bound is below the per-person one keeps few rows of a person
+        whose rows all share one key (a column fixed per person counts persons, not rows)."""
+        bounds = self.bounds
+        if not self.shape.group_by or bounds.max_rows_per_group >= bounds.max_rows_per_unit:
+            return []
+        names = [
+            self.shape.virtual[c].meta.get("text", c) if c in self.shape.virtual else c
+            for c in self.shape.group_by
+        ]
+        rows = bounds.max_rows_per_group
+        kept = f"{rows} row" if rows == 1 else f"{rows} rows"
+        fixed = [n for n, c in zip(names, self.shape.group_by, strict=True)
+                 if c == bounds.partition]  # fmt: skip
+        if fixed:
+            who = (
+                f"{fixed[0]} is fixed per person (the table's partition column), so each "
+                f"person's rows share one group"
+            )
+        else:
+            who = (
+                f"wherever {' and '.join(names)} is the same for all of a person's rows (a "
+                "column fixed per person, like sex or birth year)"
+            )
+        return [
+            f"GROUP BY {', '.join(names)} keeps at most {kept} per person per group "
+            f"(max_rows_per_group = {rows} < max_rows_per_unit = {bounds.max_rows_per_unit}): "
+            f"{who}, COUNT(*) counts persons (each at most {rows} time(s)), not rows, and "
+            f"SUM and AVG read only {kept} of each person; to count rows, raise "
+            f"max_rows_per_group (up to {bounds.max_rows_per_unit}) in the policy"
+        ]
 
     def summary(self) -> dict[str, Any]:
         """What the ledger and EXPLAIN show: table, grouping, bounds and each measurement."""
@@ -171,6 +205,7 @@ class QueryPlan:
             "epsilon": self.epsilon,
             "delta": self.delta,
             "measurements": [self.family.measurement(self, m) for m in self.measurements],
+            "warnings": self.warnings(),
         }
 
     def error(self, kind: AggregateKind, column: str | None, level: float) -> float | None:

@@ -194,6 +194,7 @@ def planner(
     delta: float,
     mechanism: str | None = None,
     max_answers: int | None = None,
+    simultaneous: bool = False,
 ) -> Callable[[float], QueryPlan]:
     """Plans of a bound query at any epsilon, with the policy's (or ``OPTIONS``') confidence;
     public keys are converted once. Reads no data.
@@ -205,10 +206,12 @@ def planner(
         delta: the query's delta.
         mechanism: how keys without public keys are released (None: the default).
         max_answers: the sparse vector technique's cut-off for a range JOIN (None: default).
+        simultaneous: every interval of the answer holds at once (as
+            ``OPTIONS(simultaneous=true)``; a report's ``simultaneous = true``).
     """
     policy = with_confidence(policy, bound.shape.options)
     keys = public_keys(bound.shape, policy, binder)
-    simultaneous = bool(bound.shape.options.get("simultaneous"))
+    simultaneous = simultaneous or bool(bound.shape.options.get("simultaneous"))
 
     def plan_at(epsilon: float, level: Policy = policy) -> QueryPlan:
         return plan_query(

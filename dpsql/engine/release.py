@@ -76,9 +76,13 @@ def release(
 
 
 def answer(plan: QueryPlan, entry: LedgerEntry, context: ReleaseContext) -> QueryResult:
-    """Read the charged plan's aggregates and release them, saying what they measure."""
+    """Read the charged plan's aggregates and release them, saying what they measure (and
+    warning of what the policy's bounds make them measure: ``QueryPlan.warnings``)."""
     answer, released = release(plan, entry, context)
-    return answer.model_copy(update={"measures": released.measures()})
+    update: dict[str, Any] = {"measures": released.measures()}
+    if warnings := released.warnings():
+        update["details"] = {**answer.details, "warnings": warnings}
+    return answer.model_copy(update=update)
 
 
 def bounded_sql(plan: QueryPlan, salt: int, dialect: str, cells_table: str | None = None) -> str:

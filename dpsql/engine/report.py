@@ -28,7 +28,7 @@ from dpsql.accountant.units import Cost, check_budget_value
 from dpsql.engine.accuracy import least_epsilon, output_errors, plan_error
 from dpsql.engine.allocation import split_units
 from dpsql.engine.planner import QueryPlan
-from dpsql.engine.query import after_charge, check_ranges, planner
+from dpsql.engine.query import after_charge, cells, check_ranges, planner
 from dpsql.engine.release import answer as release_answer
 from dpsql.engine.report_spec import QuerySpec, ReportSpec
 from dpsql.engine.results import BudgetStatus, QueryResult
@@ -61,6 +61,8 @@ class PlannedQuery:
     spec: QuerySpec
     sql: str
     plan: QueryPlan
+    together: bool = False
+    """Whether every interval of its answer holds at once (``simultaneous``)."""
 
     @property
     def cost(self) -> Cost:
@@ -69,6 +71,18 @@ class PlannedQuery:
     @property
     def errors(self) -> dict[str, float | None]:
         return output_errors(self.plan)
+
+    @property
+    def relative_errors(self) -> dict[str, float | None]:
+        """Each output's expected error relative to the query's public ``expected`` value (of
+        its ``column``, or of every output when it names none); None without either."""
+        expected = self.spec.expected
+        return {
+            name: None
+            if expected is None or error is None or (self.spec.column not in (None, name))
+            else error / expected
+            for name, error in self.errors.items()
+        }
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -82,7 +96,22 @@ class PlannedQuery:
             "accuracy_target": self.spec.accuracy,
             "expected": self.spec.expected,
             "expected_error": self.errors,
+            "relative_error": self.relative_errors,
+            "simultaneous": self.simultaneous,
             "mechanism": self.plan.mechanism,
+        }
+
+    @property
+    def simultaneous(self) -> dict[str, Any] | None:
+        """For a simultaneous query: its cells, each interval's level and the level at which
+        they all hold at once (None otherwise)."""
+        if not (self.together or self.plan.shape.options.get("simultaneous")):
+            return None
+        count = cells(self.plan)
+        return {
+            "cells": count,
+            "cell_confidence": self.plan.confidence,
+            "confidence": 1 - (1 - self.plan.confidence) * count,
         }
 
 
@@ -151,12 +180,37 @@ class ReportPlan:
                 },
             )
 
+    def minimax_driver(self) -> dict[str, Any] | None:
+        """Under ``minimax``, the query that takes the largest share of the split: its error per
+        unit of ε, relative to its expected value, is the largest, so every other query's
+        relative error is held at its level (None under other rules)."""
+        if self.rule != "minimax":
+            return None
+        ruled = [q for q in self.queries if q.spec.epsilon is None]
+        split = sum(q.cost.epsilon_units for q in ruled)
+        if not ruled or not split:
+            return None
+        driver = max(ruled, key=lambda q: q.cost.epsilon_units)
+        scale = driver.spec.expected if driver.spec.expected is not None else driver.spec.accuracy
+        error = plan_error(driver.plan, driver.spec.column)
+        share = driver.cost.epsilon_units / split
+        return {
+            "query": driver.name,
+            "share_of_epsilon": share,
+            "relative_error": error / scale if scale else None,
+            "why": f"{driver.name} takes {share:.0%} of the split epsilon: its error per unit of "
+            "epsilon, relative to its expected value, is the largest, and minimax gives every "
+            "query the same relative error; a larger expected value (or a fixed epsilon, or "
+            "leaving it out) for it frees budget for the others",
+        }
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "title": self.spec.title,
             "analyst": self.analyst,
             "allocation": self.rule,
             "allocation_rule": RULE_EXPLANATIONS[self.rule],
+            "minimax_driver": self.minimax_driver(),
             "confidence": self.confidence,
             "total": {
                 "epsilon": self.total.epsilon,
@@ -189,7 +243,10 @@ def _planner(
         dataset = policy.dataset.model_copy(update={"confidence": spec.confidence})
         policy = policy.model_copy(update={"dataset": dataset})
     delta = check_budget_value("delta", query.delta, allow_zero=True)
-    return planner(bound, policy, binder, delta=delta), normalized
+    simultaneous = spec.simultaneous_for(query)
+    return planner(
+        bound, policy, binder, delta=delta, simultaneous=simultaneous
+    ), normalized
 
 
 def plan_report(session: Session, spec: ReportSpec) -> ReportPlan:
@@ -241,7 +298,9 @@ def plan_report(session: Session, spec: ReportSpec) -> ReportPlan:
         analyst=session.analyst,
         confidence=confidence,
         queries=tuple(
-            PlannedQuery(name, query, planners[name][1], plans[name])
+            PlannedQuery(
+                name, query, planners[name][1], plans[name], spec.simultaneous_for(query)
+            )
             for name, query in spec.queries.items()
         ),
         draws_on=(status.dataset, analyst_line),
@@ -334,7 +393,7 @@ def run_report(
     def answer_and_write() -> ReportRun:
         results = {}
         for query in plan.queries:
-            answer = release_answer(query.plan, entry, session.release_context())
+            answer = release_answer(query.plan, entry, session.release_context()).clamped()
             results[query.name] = answer.model_copy(
                 update={"epsilon": query.cost.epsilon, "delta": query.cost.delta}
             )

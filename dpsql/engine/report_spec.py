@@ -19,6 +19,7 @@ Validated by frozen pydantic models that refuse unknown keys (like the policy). 
     [queries.mean_latency]
     sql = "SELECT country, AVG(latency_ms) AS latency FROM requests GROUP BY country"
     epsilon = 0.1                # a fixed share: an AVG's error depends on the data
+    simultaneous = true          # all of its intervals hold at once (default: the report's)
 
 Nothing in a spec is read from the data: ``expected`` is the author's public guess of a typical
 value, used only to make errors of different queries comparable.
@@ -72,6 +73,12 @@ class QuerySpec(_Frozen):
     column: str | None = Field(
         default=None, description="the output the accuracy/expected refer to (if several)"
     )
+    simultaneous: bool | None = Field(
+        default=None,
+        description="every interval of the answer holds at once at the report's confidence "
+        "(each cell's level is split across the cells, priced before the charge); default: "
+        "the report's",
+    )
     delta: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] = 0.0
     chart: Literal["bar", "dot", "none"] = "bar"
     format: Literal["csv", "json"] = "csv"
@@ -85,7 +92,15 @@ class ReportSpec(_Frozen):
     epsilon: Positive | None = Field(default=None, description="the total the queries share")
     allocation: Literal["weights", "accuracy", "minimax"] | None = None
     confidence: Annotated[float, Field(gt=0, lt=1)] | None = None
+    simultaneous: bool = Field(
+        default=False, description="the default of every query's simultaneous"
+    )
     queries: dict[QueryName, QuerySpec] = Field(min_length=1, max_length=200)
+
+    def simultaneous_for(self, query: QuerySpec) -> bool:
+        """Whether ``query``'s intervals must hold at once (its own setting, else the
+        report's)."""
+        return self.simultaneous if query.simultaneous is None else query.simultaneous
 
     @property
     def rule(self) -> str:

@@ -8,7 +8,7 @@ import math
 from typing import Any
 
 import pandas as pd
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, PrivateAttr
 
 __all__ = [
     "LEDGER_COLUMNS",
@@ -84,6 +84,78 @@ class QueryResult(BaseModel):
     groups per person": the bounded quantity its interval covers (not the plain SQL answer when
     a person exceeds a contribution bound)."""
 
+    _noise_laws: dict[str, Any] = PrivateAttr(default_factory=dict)
+    """The noise law of each noisy column (``dpsql.engine.noise_laws``), kept beside the
+    answer so post-processing can state intervals at other levels; not part of its JSON."""
+
+    @property
+    def noise_laws(self) -> dict[str, Any]:
+        """Column -> its noise law, where the release knows it (see ``with_noise_laws``)."""
+        return dict(self._noise_laws)
+
+    _value_ranges: dict[str, tuple[float | None, float | None]] = PrivateAttr(
+        default_factory=dict
+    )
+    """Column -> the range its true value cannot leave (a count is never negative), for
+    ``clamped``; not part of its JSON."""
+
+    def with_noise_laws(
+        self,
+        laws: dict[str, Any],
+        ranges: dict[str, tuple[float | None, float | None]] | None = None,
+    ) -> QueryResult:
+        """This answer with ``laws`` (column -> noise law) kept beside it, and ``ranges``
+        (column -> (low, high), None for no end) its true values cannot leave."""
+        copy = self.model_copy()
+        copy._noise_laws = dict(laws)
+        copy._value_ranges = dict(ranges if ranges is not None else self._value_ranges)
+        return copy
+
+    @property
+    def value_ranges(self) -> dict[str, tuple[float | None, float | None]]:
+        return dict(self._value_ranges)
+
+    def clamped(self) -> QueryResult:
+        """Values and intervals of the columns whose true value cannot leave a range (a count
+        is never negative) clamped into it: post-processing, free. The interval still covers
+        the truth whenever the unclamped one did, and the value stays inside it;
+        ``details["unclamped"]`` keeps the noisy values that changed (unbiased, for sums
+        over many cells)."""
+        if not self._value_ranges:
+            return self
+        rows = self.rows
+        intervals = dict(self.intervals)
+        unclamped: dict[str, list[Any]] = {}
+        for name, (low, high) in self._value_ranges.items():
+            if name not in self.columns:
+                continue
+            at = self.columns.index(name)
+            raw = [row[at] for row in rows]
+            if _outside(raw, low, high):
+                unclamped[name] = raw
+                rows = [
+                    (*row[:at], _clamp(row[at], low, high), *row[at + 1 :]) for row in rows
+                ]
+            pairs = intervals.get(name)
+            # Every interval has low end <= high end: only the low ends can be below ``low``.
+            if pairs is not None and (
+                _outside([pair[0] for pair in pairs], low, None)
+                or _outside([pair[1] for pair in pairs], None, high)
+            ):
+                intervals[name] = [(_clamp(a, low, high), _clamp(b, low, high)) for a, b in pairs]
+        details = {
+            **self.details,
+            "clamped": "a count (or a sum of values bounded on one side of 0) cannot be "
+            "negative (positive): its value is clamped into that range and its interval "
+            "intersected with it, after the release (free; the interval covers the truth "
+            "whenever the unclamped one did). Columns computed from released values "
+            "(post-processing) use the unclamped noisy values, which are unbiased; "
+            "details['unclamped'] lists a column's noisy values where one was changed",
+        }
+        if unclamped:
+            details["unclamped"] = unclamped
+        return self.model_copy(update={"rows": rows, "intervals": intervals, "details": details})
+
     def to_pandas(self, *, intervals: bool = False) -> pd.DataFrame:
         """The rows as a DataFrame; with ``intervals=True`` also ``<col>_low``/``<col>_high``."""
         frame = pd.DataFrame(self.rows, columns=self.columns)
@@ -140,6 +212,32 @@ class QueryResult(BaseModel):
                 "measures": self.measures,
             }
         )
+
+
+def _outside(values: list[Any], low: float | None, high: float | None) -> bool:
+    """Whether a number among ``values`` lies outside ``[low, high]`` (one pass in C where
+    every value is a number; None and other values are left alone)."""
+    if not values or (low is None and high is None):
+        return False
+    try:
+        return (low is not None and min(values) < low) or (
+            high is not None and max(values) > high
+        )
+    except TypeError:  # a None or a text among them
+        numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        return _outside(numbers, low, high)
+
+
+def _clamp(value: Any, low: float | None, high: float | None) -> Any:
+    """``value`` within ``[low, high]`` (a None end or value is left alone; an int stays an
+    int)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value
+    if low is not None and value < low:
+        return type(value)(low)
+    if high is not None and value > high:
+        return type(value)(high)
+    return value
 
 
 class BudgetStatus(BaseModel):

@@ -353,9 +353,9 @@ class Session:
                 "draws_on": [],
             }
         if self._streams_for(shaped.bound.shape, accuracy):
-            stream = self._streams.route(shaped.bound.shape, mechanism)
-            if stream is not None:
-                return self._streams.explain(stream, shaped.normalized)
+            routed = self._streams.route(shaped.bound.shape, mechanism)
+            if routed is not None:
+                return self._streams.explain(routed, shaped.normalized)
             if wanted := self._streams.requested(shaped.bound.shape, mechanism):
                 opening = self._streams.plan_for_query(shaped.bound.shape, wanted, epsilon, delta)
                 return self._streams.explain_opening(opening, shaped.normalized)
@@ -432,7 +432,8 @@ class Session:
             if "accuracy" in shown:
                 details = {**result.details, "accuracy": shown["accuracy"]}
                 result = result.model_copy(update={"details": details})
-            return self._kept(result if post is None else post_processed(result, post, plan))
+            released = result if post is None else post_processed(result, post, plan)
+            return self._kept(released.clamped())
 
         return after_charge(released)
 
@@ -456,15 +457,15 @@ class Session:
     ) -> QueryResult | None:
         """The answer from the query stream that covers the query, opening one first if
         ``mechanism`` asks for it; None when no stream answers it."""
-        stream, opened = self._streams.route(shaped.bound.shape, mechanism), {}
-        if stream is None and (wanted := self._streams.requested(shaped.bound.shape, mechanism)):
+        routed, opened = self._streams.route(shaped.bound.shape, mechanism), {}
+        if routed is None and (wanted := self._streams.requested(shaped.bound.shape, mechanism)):
             opening = self._streams.plan_for_query(shaped.bound.shape, wanted, epsilon, delta)
             entry = self._streams.charge(opening)
             opened = after_charge(lambda: self._streams.build(opening, entry))  # type: ignore[arg-type,return-value]
-            stream = self._streams.route(shaped.bound.shape, mechanism)
-        if stream is None:
+            routed = self._streams.route(shaped.bound.shape, mechanism)
+        if routed is None:
             return None
-        answer = self._streams.answer(stream, shaped.bound.shape, shaped.normalized)
+        answer = self._streams.answer(routed, shaped.bound.shape, shaped.normalized)
         if opened:
             details = {**answer.details, "opened_stream": opened}
             answer = answer.model_copy(update={"details": details})

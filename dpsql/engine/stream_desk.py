@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,6 +24,13 @@ from dpsql.engine.choices import DEFAULT_EXPECTED_QUERIES, STREAM_MECHANISMS
 from dpsql.engine.query import visible_catalog
 from dpsql.engine.release import read
 from dpsql.engine.results import QueryResult
+from dpsql.engine.stream_errors import (
+    StatedError,
+    opening_errors,
+    pmw_interval,
+    stated_error,
+    warm_tree,
+)
 from dpsql.engine.stream_sql import (
     alignment_sql,
     cells_selected_sql,
@@ -60,7 +67,7 @@ if TYPE_CHECKING:
     from dpsql.accountant.ledger import LedgerEntry
     from dpsql.engine.session import Session
 
-__all__ = ["StreamDesk", "StreamPlan", "describe_stream", "list_streams"]
+__all__ = ["Routed", "StreamDesk", "StreamPlan", "describe_stream", "list_streams"]
 
 _SELECTED_CELLS_KEPT = 2**25
 """Cells of kept selections a session holds at most (then it starts afresh): one byte each."""
@@ -79,6 +86,8 @@ class StreamPlan:
     delta: float
     params: dict[str, Any]
     name: str | None
+    stated: dict[str, Any] = field(default_factory=dict)
+    """What the stream will state (``stream_errors.opening_errors``) and warnings about it."""
 
     @property
     def fixed(self) -> tuple[str, ...]:
@@ -98,7 +107,7 @@ class StreamDesk:
         self._session = session
         self._store = store
         self._histograms: dict[tuple[str, str], np.ndarray] = {}
-        self._trees: dict[tuple[str, str], HierarchicalHistogram] = {}
+        self._trees: dict[tuple[str, str], HierarchicalHistogram | None] = {}
         self._pmw: dict[tuple[str, str], OnlinePMW] = {}
         self._reserved: dict[int, str] = {}
         self._selections: dict[tuple[tuple[StreamColumn, ...], str], np.ndarray] = {}
@@ -168,6 +177,17 @@ class StreamDesk:
         # reserves the name (``StreamStore.reserve``), so nothing about names fails after it.
         if name is not None and self._store.exists(session.analyst, name):
             raise ParameterError(f"a stream named {name!r} exists already")
+        confidence = session.policy.dataset.confidence
+        stated = opening_errors(
+            mechanism,
+            int(np.prod([c.cells for c in chosen])),
+            epsilon,
+            delta,
+            params,
+            expected_queries,
+            confidence,
+        )
+        stated["warnings"] = _too_wide(stated, policy.expected_rows, "the table's expected_rows")
         return StreamPlan(
             found,
             policy.privacy_unit,
@@ -178,6 +198,7 @@ class StreamDesk:
             delta,
             params,
             name,
+            stated,
         )
 
     def plan_for_query(
@@ -274,6 +295,7 @@ class StreamDesk:
                     "table": plan.table,
                     "columns": [c.to_dict() for c in plan.columns],
                     "params": {k: v for k, v in plan.params.items() if k != "salt"},
+                    "stated_error": plan.stated,
                 },
                 "why": "OPTIONS(mechanism=...) asks for a stream and none answers this query: "
                 "one is opened (charged once) and answers this and later queries",
@@ -354,13 +376,21 @@ class StreamDesk:
                 rng=rng,
             )
             data, state = tree.to_bytes(), "{}"
+            total = tree.estimate(0, tree.cells)
         else:
             pmw = self._new_pmw(histogram, plan.epsilon, plan.delta, params)
             data, state = pmw.state().arrays(), pmw.state().header()
+            total = float(pmw.n_hat)
         stream = replace(reserved, data=data, state=state)
         self._store.save(stream)
         self._histograms[stream.key] = histogram
-        return self._describe(stream)
+        stated = dict(plan.stated)
+        # The released total (n̂, or the tree's whole-domain estimate): post-processing.
+        stated["warnings"] = [
+            *plan.stated.get("warnings", []),
+            *_too_wide(stated, total, "the stream's released total"),
+        ]
+        return {**self._describe(stream), "stated_error": stated}
 
     def _read_histogram(
         self,
@@ -406,9 +436,10 @@ class StreamDesk:
         chosen = mechanism or shape.options.get("mechanism")
         return chosen if chosen in STREAM_MECHANISMS else None
 
-    def route(self, shape: QueryShape, mechanism: str | None) -> Stream | None:
-        """The newest stream this analyst may use that answers ``shape`` (of the mechanism the
-        query asks for, if it names one), or None (fresh noise)."""
+    def route(self, shape: QueryShape, mechanism: str | None) -> Routed | None:
+        """The stream this analyst may use that states the smallest error for ``shape`` (of
+        the mechanism the query asks for, if it names one; ties: the newest), or None (fresh
+        noise). Stated errors are public (``dpsql.engine.stream_errors``): no data is read."""
         if (mechanism or shape.options.get("mechanism")) == "laplace":
             return None
         wanted = self.requested(shape, mechanism)
@@ -417,25 +448,64 @@ class StreamDesk:
             for s in self._store.for_table(shape.table, self._session.synopsis_owner())
             if answerable(shape, s) and wanted in (None, s.mechanism)
         ]
-        for stream in candidates:
-            if stream.mechanism == "range_tree" or _updates_left(stream) > 0:
-                return stream
-        if candidates:
+        live = [s for s in candidates if s.mechanism == "range_tree" or _updates_left(s) > 0]
+        if candidates and not live:
             raise StreamExhaustedError(
                 f"stream {candidates[0].name!r} spent its {candidates[0].params['updates']} "
                 "updates and answers no further queries; open a new stream or ask with "
                 "mechanism='laplace' for a freshly charged answer"
             )
-        return None
+        confidence = self._session.policy.dataset.confidence
+        options: list[tuple[Stream, np.ndarray, StatedError]] = []
+        refused: UnsupportedQueryError | None = None
+        for stream in live:
+            try:
+                selected = self._selected(shape, stream)
+            except UnsupportedQueryError as error:  # splits a cell of this stream
+                refused = refused or error
+                continue
+            stated = stated_error(stream, selected, confidence, self._tree_of(stream))
+            options.append((stream, selected, stated))
+        if not options:
+            if refused is not None:
+                raise refused
+            return None
+        best = min(options, key=lambda option: option[2].half_width)  # stable: the newest
+        stream, selected, stated = best
+        errors = {s.name: e.half_width for s, _, e in options}
+        why = (
+            f"stream {stream.name!r} states the smallest error for this query: "
+            f"±{stated.half_width:.6g} ({stated.source})"
+            + (
+                "; the others state "
+                + ", ".join(f"{n} ±{e:.6g}" for n, e in errors.items() if n != stream.name)
+                if len(errors) > 1
+                else ""
+            )
+        )
+        return Routed(stream, selected, stated, errors, why)
 
-    def explain(self, stream: Stream, normalized: str) -> dict[str, Any]:
+    def _tree_of(self, stream: Stream) -> HierarchicalHistogram | None:
+        """The stream's released tree (the range tree, or a PMW's warm start), kept per
+        session."""
+        if stream.key not in self._trees:
+            self._trees[stream.key] = (
+                HierarchicalHistogram.from_bytes(stream.data)
+                if stream.mechanism == "range_tree"
+                else warm_tree(stream)
+            )
+        return self._trees[stream.key]
+
+    def explain(self, routed: Routed, normalized: str) -> dict[str, Any]:
+        stream = routed.stream
         return {
             "query": normalized,
             "plan": {
                 "mechanism": "stream",
                 "stream": self._describe(stream),
+                "stated_error": routed.stated.half_width,
                 "why": f"a COUNT(*) whose WHERE uses only the columns of stream {stream.name!r}"
-                " is answered from it as post-processing (no budget)",
+                f" is answered from it as post-processing (no budget); {routed.why}",
             },
             "cost": {"epsilon": 0.0, "delta": 0.0},
             "draws_on": [],
@@ -476,10 +546,10 @@ class StreamDesk:
         selected[frame["cell"].to_numpy(dtype=np.int64)] = True
         return selected
 
-    def answer(self, stream: Stream, shape: QueryShape, normalized: str) -> QueryResult:
-        """Answer from ``stream``: zero-cost ledger entry first, then the (PMW: committed)
-        answer."""
-        selected = self._selected(shape, stream)
+    def answer(self, routed: Routed, shape: QueryShape, normalized: str) -> QueryResult:
+        """Answer from the routed stream: zero-cost ledger entry first, then the (PMW:
+        committed) answer; a count's value and interval are clamped at 0 (``clamped``)."""
+        stream, selected = routed.stream, routed.selected
         entry = self._session.charge(
             PostProcessingEvent(f"stream:{stream.name}", "COUNT(*)"),
             query=normalized,
@@ -488,9 +558,8 @@ class StreamDesk:
         )
         confidence = self._session.policy.dataset.confidence
         if stream.mechanism == "range_tree":
-            tree = self._trees.get(stream.key)
-            if tree is None:
-                tree = self._trees[stream.key] = HierarchicalHistogram.from_bytes(stream.data)
+            tree = self._tree_of(stream)
+            assert tree is not None
             found = tree.answer_cells(selected, confidence)
             value, interval = found.value, (found.lower, found.upper)
             details: dict[str, Any] = {
@@ -504,6 +573,11 @@ class StreamDesk:
                 lambda: self._ask(stream, selected, confidence)
             )
         (name,) = shape.column_names
+        details["routing"] = {
+            "answered_by": stream.name,
+            "why": routed.why,
+            "stated_errors": routed.errors,
+        }
         return QueryResult(
             columns=[name],
             rows=[(value,)],
@@ -521,7 +595,7 @@ class StreamDesk:
             mechanism=f"stream:{stream.name}",
             analyst=self._session.analyst,
             ledger_entry=entry.seq,
-        )
+        ).with_noise_laws({}, {name: (0, None)}).clamped()
 
     def _histogram_for(self, stream: Stream) -> np.ndarray:
         """The stream's bounded histogram: read once per session (a PMW stream opened in an
@@ -571,18 +645,17 @@ class StreamDesk:
 
         answer, pmw = self._store.advance(stream.key, step)
         alpha = pmw.alpha(max(pmw.queries_seen, 1), 1.0 - confidence)
+        value = answer.value
+        interval, guarantee = pmw_interval(value, selected, confidence, alpha, pmw.warm_tree)
         details = {
             "stream": stream.name,
             "updated": answer.updated,
             "updates_left": answer.updates_left,
             "alpha": alpha,
-            "guarantee": "with the stated confidence, every answer of the stream so far is "
-            "within alpha of the bounded count (sparse vector accuracy, notes Thm 4; online "
-            "PMW, notes Thm 5)",
+            "guarantee": guarantee,
         }
-        value = answer.value
         scale = float(pmw.plan.value_scale or 0)
-        return value, (value - alpha, value + alpha), details, scale
+        return value, interval, details, scale
 
     # --- listing ----------------------------------------------------------------------------------
     def _describe(self, stream: Stream) -> dict[str, Any]:
@@ -590,6 +663,31 @@ class StreamDesk:
 
     def listing(self) -> list[dict[str, Any]]:
         return list_streams(self._store, self._session.synopsis_owner())
+
+
+@dataclass(frozen=True, eq=False)
+class Routed:
+    """The stream chosen for a query, the cells it selects there, what it will state, what
+    every answering stream would have stated (name -> half-width) and why, in words."""
+
+    stream: Stream
+    selected: np.ndarray
+    stated: StatedError
+    errors: dict[str, float]
+    why: str
+
+
+def _too_wide(stated: dict[str, Any], total: float | None, what: str) -> list[str]:
+    """A warning when the error a stream will state is at least ``total`` (the answers'
+    plausible range: a public guess or the released total), else none."""
+    error = stated.get("stated", 0.0)
+    if total is None or not error >= max(total, 1.0):
+        return []
+    return [
+        f"this stream will state errors of about ±{error:.4g} (see stated_error), as wide as "
+        f"{what} (about {total:.4g} rows): its answers will say little; give it more epsilon, "
+        "fewer cells or, for ranges over one column, open a range_tree"
+    ]
 
 
 def _automatic_name(plan: StreamPlan, entry: LedgerEntry) -> str:

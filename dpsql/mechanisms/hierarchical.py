@@ -194,14 +194,20 @@ class HierarchicalHistogram:
     def answer_cells(self, selected: np.ndarray, confidence: float = 0.95) -> RangeAnswer:
         """The count of the cells where ``selected`` (a boolean vector over the cells) is true,
         e.g. a union of ranges, with its interval (the weights add up)."""
+        width = self.cells_half_width(selected, confidence)
+        value = float(self._leaves[: self.cells][selected].sum())  # type: ignore[attr-defined]
+        return RangeAnswer(value, value - width, value + width, confidence)
+
+    def cells_half_width(self, selected: np.ndarray, confidence: float = 0.95) -> float:
+        """The half-width of ``answer_cells(selected)``'s interval: a function of the cells
+        selected and the noise scale only (no released value), so it can be compared before
+        answering."""
         mask = np.asarray(selected)
         if mask.dtype != np.bool_ or mask.shape != (self.cells,):
             raise ParameterError(f"selected must be a boolean vector over the {self.cells} cells")
         indicator = np.zeros(self.noisy[0].size)
         indicator[: self.cells] = mask
-        value = float(self._leaves[: self.cells][mask].sum())  # type: ignore[attr-defined]
-        width = self._half_width(self._adjoint(indicator), confidence)
-        return RangeAnswer(value, value - width, value + width, confidence)
+        return self._half_width(self._adjoint(indicator), confidence)
 
     def _half_width(self, weights: list[np.ndarray], confidence: float) -> float:
         if not 0.0 < confidence < 1.0:

@@ -80,12 +80,19 @@ from fractions import Fraction
 import numpy as np
 
 from dpsql.errors import ParameterError
-from dpsql.mechanisms.hierarchical import release_hierarchical
+from dpsql.mechanisms.hierarchical import HierarchicalHistogram, release_hierarchical
 from dpsql.mechanisms.laplace import interval_half_width, noise_scale, sample_discrete_laplace
 from dpsql.mechanisms.random import resolve_rng
 from dpsql.mechanisms.svt import SparseVector, SparseVectorHaltedError, SparseVectorPlan, plan
 
-__all__ = ["OnlinePMW", "PMWAnswer", "PMWState", "StreamExhaustedError", "warm_prior"]
+__all__ = [
+    "OnlinePMW",
+    "PMWAnswer",
+    "PMWState",
+    "StreamExhaustedError",
+    "stated_alpha",
+    "warm_prior",
+]
 
 _EXACT_FLOAT_LIMIT = 2**53
 _REPLAY_WINDOW = 64
@@ -118,6 +125,9 @@ class PMWState:
     n_hat: int
     sparse: tuple[int | float, int, int]
     measurements: tuple[tuple[np.ndarray, float], ...] = ()
+    tree: bytes = b""
+    """The warm start's released tree (``HierarchicalHistogram.to_bytes``; empty without a
+    warm start): its intervals hold for every query, whatever the updates."""
 
     def header(self) -> str:
         """The small part (JSON): ``n̂``, the SVT state, the measured values. It changes with
@@ -128,6 +138,7 @@ class PMWState:
                 "sparse": list(self.sparse),
                 "cells": int(self.log_weights.size),
                 "values": [value for _, value in self.measurements],
+                "tree": len(self.tree),
             }
         )
 
@@ -135,6 +146,7 @@ class PMWState:
         """The log-weights and the packed masks of the measurements."""
         buffer = io.BytesIO()
         buffer.write(np.ascontiguousarray(self.log_weights, dtype="<f8").tobytes())
+        buffer.write(self.tree)
         for packed, _ in self.measurements:
             buffer.write(packed.tobytes())
         return buffer.getvalue()
@@ -144,14 +156,16 @@ class PMWState:
         header = json.loads(header_text)
         cells = header["cells"]
         weights = np.frombuffer(data[: 8 * cells], dtype="<f8").astype(np.float64)
-        start, width = 8 * cells, (cells + 7) // 8
+        tree_end = 8 * cells + int(header.get("tree", 0))
+        tree = bytes(data[8 * cells : tree_end])
+        start, width = tree_end, (cells + 7) // 8
         measurements = []
         for value in header["values"]:
             packed = np.frombuffer(data[start : start + width], dtype=np.uint8).copy()
             measurements.append((packed, float(value)))
             start += width
         sparse = tuple(header["sparse"])
-        return cls(weights, int(header["n_hat"]), sparse, tuple(measurements))  # type: ignore[arg-type]
+        return cls(weights, int(header["n_hat"]), sparse, tuple(measurements), tree)  # type: ignore[arg-type]
 
     def to_bytes(self) -> bytes:
         header = self.header().encode()
@@ -198,6 +212,39 @@ def warm_prior(
     if prior.sum() <= 0:
         return np.full(cells, 1.0 / cells)
     return prior / prior.sum()
+
+
+def _plans(
+    sparse_epsilon: float, delta: float, updates: int, sensitivity: int, value_share: float
+) -> tuple[SparseVectorPlan, SparseVectorPlan]:
+    """NumericSparse's plan (its values' scale) and its comparisons' plan (what the stream's
+    ``SparseVector`` runs with: the same ε split and δ/2)."""
+    common = {"c": updates, "sensitivity": sensitivity}
+    numeric = plan(epsilon=sparse_epsilon, delta=delta, numeric=True, value_share=value_share,
+                   **common)  # fmt: skip
+    compared = sparse_epsilon - sparse_epsilon * value_share
+    return numeric, plan(epsilon=compared, delta=delta / 2.0, **common)
+
+
+def stated_alpha(
+    *,
+    epsilon: float,
+    delta: float,
+    updates: int,
+    threshold: float,
+    sensitivity: int,
+    count_share: float,
+    value_share: float,
+    warm_share: float,
+    queries: int,
+    beta: float,
+) -> float:
+    """``OnlinePMW.alpha(queries, beta)`` from a stream's public parameters alone (no data, no
+    draw): what its answers will state after ``queries`` queries."""
+    spent = epsilon * warm_share + (0.0 if warm_share else epsilon * count_share)
+    numeric, comparisons = _plans(epsilon - spent, delta, updates, sensitivity, value_share)
+    compared = threshold + comparisons.comparison_alpha(queries, beta / 2.0)
+    return max(compared, numeric.value_alpha(beta) or 0.0)
 
 
 class OnlinePMW:
@@ -253,14 +300,7 @@ class OnlinePMW:
             None if warm_share else noise_scale(sensitivity, self.count_epsilon)
         )
         sparse_epsilon = self.epsilon - self.warm_epsilon - self.count_epsilon
-        self.plan: SparseVectorPlan = plan(
-            epsilon=sparse_epsilon,
-            c=updates,
-            delta=delta,
-            sensitivity=sensitivity,
-            numeric=True,
-            value_share=value_share,
-        )
+        self.plan, _ = _plans(sparse_epsilon, delta, updates, sensitivity, value_share)
         self.threshold = float(threshold)
         if isinstance(replays, bool) or not isinstance(replays, int) or replays < 0:
             raise ParameterError(f"replays must be a non-negative integer, got {replays!r}")
@@ -279,6 +319,7 @@ class OnlinePMW:
             sensitivity=sensitivity,
             rng=self._rng,
         )
+        self._tree: HierarchicalHistogram | None = None
         if state is None:
             self._log_weights, self._n_hat = self._start()
             self._measurements: list[tuple[np.ndarray, float]] = []
@@ -355,6 +396,7 @@ class OnlinePMW:
         self._measurements = list(state.measurements)
         self._sparse.restore(state.sparse)
         self._distribution = self._normalised()
+        self._tree = HierarchicalHistogram.from_bytes(state.tree) if state.tree else None
 
     def state(self) -> PMWState:
         """The state to persist after each query (secret: see module docstring)."""
@@ -363,7 +405,14 @@ class OnlinePMW:
             self._n_hat,
             self._sparse.snapshot(),
             tuple(self._measurements),
+            b"" if self._tree is None else self._tree.to_bytes(),
         )
+
+    @property
+    def warm_tree(self) -> HierarchicalHistogram | None:
+        """The warm start's released tree (None without one): post-processing of it, like its
+        intervals, holds for every query, whatever the updates."""
+        return self._tree
 
     # --- answering --------------------------------------------------------------------------------
     def _warm_start(self) -> tuple[np.ndarray, float]:
@@ -372,6 +421,7 @@ class OnlinePMW:
         tree = release_hierarchical(
             self._histogram, epsilon=self.warm_epsilon, sensitivity=self.sensitivity, rng=self._rng
         )
+        self._tree = tree
         cells = self._histogram.size
         consistent = tree.consistent()
         cut = math.sqrt(2.0) * float(tree.scale)  # one standard deviation of a node's noise

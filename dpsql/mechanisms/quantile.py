@@ -55,6 +55,17 @@ exponential mechanism's bound): the chosen bin's rank interval ``[L_j, L_{j+1}]`
 ``2 max(q, 1 - q) Δ / ε · ln(G / β)`` rows of ``q n``, so the released midpoint is within half a
 bin of a value whose rank is that close. The bound is a property of the mechanism, not of the
 data.
+
+In the column's units the release states the chosen bin ``[b_j, b_{j+1}]``: with probability
+at least ``1 - β`` it holds a value ``x`` with ``|rank(x) - q n| <= R`` (``R`` the bound above),
+i.e. it meets the range between the ``q - R/n`` and ``q + R/n`` quantiles. It is a function of
+the output and public constants only (the bins whose utility is within the bound are data, and
+are never shown). It does *not* promise to hold the exact ``q`` quantile, and no ε-DP interval
+can on every table: take neighbouring tables whose exact medians lie on either side of a gap in
+the column (one person moves the median across it); their intervals' laws differ by at most a
+factor ``e^ε``, so an interval that holds each table's own median with probability ``c`` spans
+the gap with probability at least ``c (1 + e^-ε) - 1`` (0.30 at c = 0.95, ε = 1) on either
+table, however wide the gap.
 """
 
 from __future__ import annotations
@@ -222,6 +233,10 @@ class QuantileRelease:
     sensitivity: int
     rank_error: float
     confidence: float
+    lower: np.ndarray
+    """The chosen bins' low edges: with probability ``confidence`` each chosen bin
+    ``[lower, upper]`` holds a value whose rank is within ``rank_error`` rows of ``q n``."""
+    upper: np.ndarray
 
 
 def release_quantiles(
@@ -240,6 +255,7 @@ def release_quantiles(
     ``[low, high]`` (the chosen bin's midpoint); ``sensitivity`` is the person's largest weight
     in rows (Δ), ``weight`` the histogram units per row."""
     grid = candidates(low, high, histograms.shape[1])
+    width = (high - low) / grid.size
     utilities = rank_utilities(histograms, q)
     chosen = permute_and_flip(
         utilities, epsilon=epsilon, sensitivity=utility_sensitivity(q, sensitivity, weight), rng=rng
@@ -251,4 +267,6 @@ def release_quantiles(
         sensitivity=sensitivity,
         rank_error=rank_error_bound(sensitivity, epsilon, grid.size, 1 - confidence, q),
         confidence=confidence,
+        lower=low + chosen * width,
+        upper=np.minimum(low + (chosen + 1) * width, high),
     )

@@ -87,7 +87,8 @@ class PostProcess:
     name -> what it holds); it returns ``columns`` and, when ``rowwise``, ``__dp_row`` last.
     ``exact[name]`` is an expression of one released aggregate that is monotone in it (other
     inputs constant within a row), so the image of that aggregate's interval is an interval for
-    the column with the same confidence; columns not in ``exact`` and not plain keys get none.
+    the column with the same confidence; ``dpsql.engine.derived_intervals`` bounds the others
+    after the release.
     """
 
     outer: str
@@ -121,7 +122,9 @@ class PostProcess:
                     if name in self.moment_columns
                     else f"the image of {self.released_columns[self.exact[name][0]]}'s interval"
                     if name in self.exact
-                    else "none (combines several released values or rows)"
+                    else "derived after the release from the noise laws of the released values "
+                    "it reads, where they bound it (the answer's details['intervals'] say how: "
+                    "exact, conservative or approximate, or why there is none)"
                 )
                 for name in self.columns
                 if name in self.copies or name in self.exact or name in self.derived

@@ -78,11 +78,13 @@ def test_publish_and_query_json(db: str, capsys) -> None:
     assert len(popularity["rows"]) == 5 and len(popularity["intervals"]["estimate"]) == 5
     assert popularity["epsilon_spent"] == 0.0 and popularity["persons"] == 300
     assert all(lo <= hi for lo, hi in popularity["intervals"]["estimate"])
+    assert popularity["estimates"].startswith("unbiased, unclipped")
 
     code, out, _ = _run(capsys, "rr", "common", *args, "3", "17")
     common = json.loads(out)
     assert code == 0 and (common["person_a"], common["person_b"]) == (3, 17)
     assert common["std_error"] > 0 and common["epsilon_spent"] == 0.0
+    assert common["estimates"].startswith("unbiased, unclipped")
 
     code, out, _ = _run(capsys, "rr", "decode", *args, "42")
     decoded = json.loads(out)

@@ -11,6 +11,7 @@ import time
 import pytest
 
 from dpsql.cli import main
+from tests.conftest import released_answer
 
 
 def _strict_json(text: str) -> dict:
@@ -172,3 +173,32 @@ def test_a_released_answer_is_fetched_again_for_free_by_its_analyst_only(
     assert f"ledger entry {seq} has no stored answer of analyst 'bob'" in capsys.readouterr().err
     assert main(["budget", "--db", db, "--format", "json"]) == 0
     assert json.loads(capsys.readouterr().out)["lines"][0]["epsilon_spent"] == spent
+
+
+def test_a_grouped_table_warns_it_counts_persons_and_rounds_to_the_noise(db: str, capsys) -> None:
+    """The demo policy keeps 1 row per person per group of 20 in all: the table says so, and
+    so does the JSON (the rounding of displayed values: ``_shown`` below)."""
+    sql = "SELECT country, COUNT(*) AS n, AVG(latency_ms) AS l FROM requests GROUP BY country"
+    args = ["query", "--db", db, "--analyst", "alice", "--epsilon", "0.3"]
+    assert main([*args, sql]) == 0
+    out = capsys.readouterr().out
+    assert "warning: GROUP BY country keeps at most 1 row per person per group" in out
+    assert "counts persons" in out
+    assert main([*args, "--format", "json", sql]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert "counts persons" in data["details"]["warnings"][0]
+
+
+def test_displayed_values_are_rounded_to_their_noise() -> None:
+    from dpsql.cli.output import _shown
+
+    result = released_answer(
+        ["k", "mean"],
+        [("a", 2006.6364399664149), ("b", 0.3238866396761)],
+        {"mean": [(1861.4141745, 2159.2354713), (0.1826401, 0.5034482)]},
+    )
+    columns, rows = result.interval_table()
+    assert [_shown(columns, row, result) for row in rows] == [
+        ["a", 2010.0, 1860.0, 2160.0],
+        ["b", 0.32, 0.18, 0.51],
+    ]

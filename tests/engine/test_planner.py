@@ -110,3 +110,24 @@ def test_keys_without_a_public_set_are_released_by_threshold_or_combined() -> No
         release("SELECT k, COUNT(*) FROM t GROUP BY k", 1e-6, "magic")
     with pytest.raises(UnsupportedQueryError, match="this query has none"):
         release("SELECT g, COUNT(*) FROM t GROUP BY g", 1e-6, "alp")
+
+
+def test_a_group_by_under_a_smaller_row_bound_warns_that_it_counts_persons() -> None:
+    """max_rows_per_group (2) < max_rows_per_unit (4): a GROUP BY says, before any data is read,
+    that a key fixed per person counts persons, not rows; an ungrouped query does not; a
+    partition column is known to be fixed per person."""
+    (warning,) = plan("SELECT g, COUNT(*) FROM t GROUP BY g").warnings()
+    assert "max_rows_per_group = 2 < max_rows_per_unit = 4" in warning
+    assert "counts persons" in warning and "wherever g is the same" in warning
+    assert plan("SELECT g, COUNT(*) FROM t GROUP BY g").summary()["warnings"] == [warning]
+    assert plan("SELECT COUNT(*) FROM t").warnings() == []
+    partitioned = parse_policy(
+        POLICY.model_dump_json().replace('"partition_column":null', '"partition_column":"g"', 1)
+    )
+    shape = analyze(parse("SELECT g, COUNT(*) FROM t GROUP BY g"), CATALOG)
+    (fixed,) = plan_query(shape, partitioned, epsilon=1.0, delta=0.0).warnings()
+    assert "g is fixed per person (the table's partition column)" in fixed
+    equal = parse_policy(
+        POLICY.model_dump_json().replace('"max_rows_per_group":2', '"max_rows_per_group":4', 1)
+    )
+    assert plan_query(shape, equal, epsilon=1.0, delta=0.0).warnings() == []

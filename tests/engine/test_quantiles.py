@@ -86,7 +86,12 @@ def test_quantile_matches_duckdb_at_high_epsilon(
     ((expected,),) = truth(panel, f"SELECT quantile_cont(x, {q}) FROM ({oracle}) AS t(x)")
     assert abs(released - expected) <= 0.01 * (40 if column == "wage" else 4000)
     assert result.mechanism == "permute_and_flip"
-    assert result.intervals[result.columns[0]] == [(None, None)]
+    # The interval is the chosen public bin, around the released midpoint
+    ((low, high),) = result.intervals[result.columns[0]]
+    assert low < released < high
+    assert high - low == pytest.approx(STEP[column] * 1023 / 1024)
+    statement = result.details["intervals"][result.columns[0]]
+    assert statement["kind"] == "conservative" and "rank" in statement["covers"]
     (details,) = result.details["quantiles"]
     assert details["candidates"] == 1024 and details["rank_sensitivity"] == 8
 

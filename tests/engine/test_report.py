@@ -127,6 +127,29 @@ def test_minimax_equalises_relative_errors_and_beats_weights(demo_db: Path, rng)
     assert max(relative["minimax"]) / min(relative["minimax"]) < 1.01  # equal up to rounding
 
 
+def test_plans_show_relative_errors_and_the_minimax_driver(demo_db: Path, rng) -> None:
+    """Each output's error relative to its expected value beside the absolute one; under
+    minimax the query that takes the largest share is named, with the common relative error."""
+    with seeded_connect(demo_db, analyst="bob", rng=rng) as session:
+        plan = plan_report(session, spec("minimax"))
+        weights = plan_report(session, spec("weights"))
+    shown = plan.to_dict()
+    by_name = {q["name"]: q for q in shown["queries"]}
+    assert by_name["adults"]["relative_error"]["adults"] == pytest.approx(
+        by_name["adults"]["expected_error"]["adults"] / 7000
+    )
+    assert by_name["latency"]["relative_error"] == {"mean_latency": None}  # no expected value
+    driver = shown["minimax_driver"]
+    biggest = max((q for q in plan.queries if q.spec.epsilon is None), key=lambda q: q.cost)
+    assert driver["query"] == biggest.name
+    assert driver["share_of_epsilon"] > 1 / 3
+    assert driver["relative_error"] == pytest.approx(
+        plan_error(biggest.plan, None) / biggest.spec.expected
+    )
+    assert biggest.name in driver["why"]
+    assert weights.to_dict()["minimax_driver"] is None
+
+
 def test_accuracy_gets_the_least_epsilon_meeting_each_target(demo_db: Path, rng) -> None:
     with seeded_connect(demo_db, analyst="bob", rng=rng) as session:
         plan = plan_report(session, spec("accuracy"))
@@ -222,12 +245,13 @@ def test_a_report_is_one_ledger_entry_and_writes_every_file(
         for column, error in q.errors.items():
             if error is None:
                 continue
-            for (low, high), value in zip(
-                result.intervals[column],
-                [row[result.columns.index(column)] for row in result.rows],
-                strict=True,
-            ):
-                assert high - value == pytest.approx(error) == pytest.approx(value - low)
+            raw = result.details.get("unclamped", {}).get(column) or [
+                row[result.columns.index(column)] for row in result.rows
+            ]
+            for (low, high), value in zip(result.intervals[column], raw, strict=True):
+                # counts and sums of non-negative values are clamped at 0 (and say so)
+                assert high == pytest.approx(max(value + error, 0))
+                assert low == pytest.approx(max(value - error, 0))
     html = (out / "report.html").read_text()
     assert html.count("<svg") == 4
     # self-contained: no script, stylesheet link or external resource, links stay in the page
@@ -260,3 +284,37 @@ def test_a_report_states_the_budget_period_it_spent(demo_db: Path, rng, tmp_path
     document = json.loads((tmp_path / "out" / "results.json").read_text())
     assert document["period"] == document["ledger_entry"]["period"] == month
     assert f"budget period <b>{month}</b>" in (tmp_path / "out" / "report.html").read_text()
+
+
+def test_a_simultaneous_query_is_priced_for_all_its_cells_before_the_charge(
+    demo_db: Path, rng
+) -> None:
+    """``simultaneous = true`` (per query, or the report's default): each cell's level is split
+    across the answer's cells before pricing, so meeting the same accuracy target for all five
+    countries at once costs more; the plan says so, and the run's answer states the cell level."""
+    text = SPEC.format(rule="accuracy").replace("weight = 2\n", "weight = 2\nsimultaneous = true\n")
+    together, alone = parse_report_spec(text), spec("accuracy")
+    with seeded_connect(demo_db, analyst="bob", rng=rng) as session:
+        plans = {"together": plan_report(session, together), "alone": plan_report(session, alone)}
+    by_name = {k: {q.name: q for q in p.queries} for k, p in plans.items()}
+    joint, single = by_name["together"]["by_country"], by_name["alone"]["by_country"]
+    assert joint.cost.epsilon_units > single.cost.epsilon_units
+    assert plan_error(joint.plan, None) <= 40  # the target, at the cell level
+    shown = joint.to_dict()["simultaneous"]
+    assert shown["cells"] == 5 and shown["cell_confidence"] == pytest.approx(1 - 0.05 / 5)
+    assert shown["confidence"] == pytest.approx(0.95)
+    assert single.to_dict()["simultaneous"] is None
+    assert by_name["together"]["adults"].cost == by_name["alone"]["adults"].cost  # untouched
+    everything = parse_report_spec("simultaneous = true\n" + SPEC.format(rule="accuracy"))
+    assert everything.simultaneous_for(everything.queries["adults"])
+    refused = parse_report_spec(
+        "simultaneous = true\n"
+        + SPEC.format(rule="weights").replace(
+            "SELECT COUNT(*) AS adults", "SELECT MEDIAN(latency_ms) AS adults", 1
+        )
+    )
+    with (
+        pytest.raises(ParameterError, match="simultaneous=true needs"),
+        seeded_connect(demo_db, analyst="bob", rng=rng) as session,
+    ):
+        plan_report(session, refused)

@@ -117,7 +117,9 @@ def test_pmw_answers_within_alpha_and_records_its_state_before_answering(people)
             truth = int(frame.age.between(low, low + 9).sum())
             ((lower, upper),) = result.intervals["n"]
             assert lower <= truth <= upper
-            assert result.details["alpha"] == pytest.approx((upper - lower) / 2)
+            # the warm-start tree's interval where it is narrower than alpha (never wider)
+            assert (upper - lower) / 2 <= result.details["alpha"] * (1 + 1e-12)
+            assert "warm-start tree" in result.details["guarantee"]
             store = StreamStore(ledger_path(database))
             (stored,) = store.all()
             store.close()
@@ -384,6 +386,10 @@ def test_cli_stream_open_and_synopses(people, capsys) -> None:
     (listed,) = json.loads(capsys.readouterr().out)
     assert listed["name"] == opened["name"] and listed["mechanism"] == "range_tree"
     assert main([*args, "--column", "age:x", "--epsilon", "0.5"]) == 1  # the engine refuses
+    cold = ["--column", "income:1", "--epsilon", "0.05", "--warm-share", "0"]
+    assert main([*args, *cold]) == 0
+    out = capsys.readouterr().out
+    assert "it will state errors of about" in out and "warning: this stream will state" in out
 
 
 def _ask_ten(database: str) -> int:
@@ -550,3 +556,52 @@ def test_a_pmw_stream_in_a_new_session_reads_no_data_inside_the_ledger_lock(peop
     histogram_reads = [locked for sql, locked in backend.reads if "row_number()" in sql]
     assert histogram_reads  # the histogram was read in this session
     assert any(locked for _, locked in backend.reads) == twin
+
+
+def test_queries_go_to_the_stream_stating_the_smallest_error(people) -> None:
+    """A 1-D range tree, then a 2-D PMW over the same column: 1-D ranges stay with the tree,
+    with the same intervals as before the PMW was opened (the PMW's larger stated error is
+    named), 2-D queries go to the PMW; no PMW interval is wider than the table."""
+    database, frame = people
+    ranges = [(30, 39), (0, 49), (17, 17), (50, 80)]
+
+    def ask(session, low, high):
+        sql = f"SELECT COUNT(*) AS n FROM people WHERE age BETWEEN {low} AND {high}"
+        return session.execute(sql)
+
+    with _connect(database) as session:
+        tree = session.open_stream("people", [("age", 1)], epsilon=1.0, mechanism="range_tree")
+        before = [ask(session, *r) for r in ranges]
+        pmw = session.open_stream("people", [("age", 1), ("income", 1)], epsilon=1.0)
+        assert pmw["stated_error"]["stated"] < ROWS and not pmw["stated_error"]["warnings"]
+        after = [ask(session, *r) for r in ranges]
+        for first, second in zip(before, after, strict=True):
+            assert second.details["routing"]["answered_by"] == tree["name"]
+            assert second.intervals == first.intervals
+            stated = second.details["routing"]["stated_errors"]
+            assert stated[tree["name"]] < stated[pmw["name"]]
+            assert pmw["name"] in second.details["routing"]["why"]
+        two = session.execute("SELECT COUNT(*) AS n FROM people WHERE age < 40 AND income >= 20")
+        assert two.details["routing"]["answered_by"] == pmw["name"]
+        ((low, high),) = two.intervals["n"]
+        truth = int(((frame.age < 40) & (frame.income >= 20)).sum())
+        assert 0 <= low <= truth <= high and high - low < ROWS
+        plan = session.explain("SELECT COUNT(*) FROM people WHERE age < 40")
+        assert "smallest error" in plan["plan"]["why"] and plan["plan"]["stated_error"] > 0
+
+
+def test_opening_states_the_error_and_warns_when_it_is_wider_than_the_table(people) -> None:
+    """Without a warm start, a PMW's bound after its expected queries is far wider than the
+    table: opening says so (before the charge, in EXPLAIN of an opening, and after)."""
+    database, _ = people
+    with _connect(database) as session:
+        opened = session.open_stream(
+            "people", [("age", 1)], epsilon=0.05, warm_share=0.0, expected_queries=500
+        )
+        stated = opened["stated_error"]
+        assert stated["alpha_after_expected_queries"] == stated["stated"] > ROWS
+        (warning,) = stated["warnings"]
+        assert "released total" in warning and "range_tree" in warning
+        tree = session.open_stream("people", [("income", 1)], epsilon=1.0, mechanism="range_tree")
+        assert not tree["stated_error"]["warnings"]
+        assert tree["stated_error"]["tree_whole_domain"] < tree["stated_error"]["tree_inner_range"]

@@ -56,6 +56,23 @@ class QuantilePlan:
             self.sensitivity, self.epsilon, self.candidates, 1 - confidence, self.q
         )
 
+    def interval_statement(self, confidence: float) -> dict[str, Any]:
+        """What the quantile's interval (the chosen bin) covers, and why no more
+        (``dpsql.mechanisms.quantile``, Accuracy)."""
+        rank = self.rank_error(confidence)
+        return {
+            "kind": "conservative",
+            "method": "the chosen public bin; permute-and-flip's utility bound (McKenna and "
+            "Sheldon 2020, Theorem 2)",
+            "confidence": confidence,
+            "covers": f"a value whose rank is within ±{rank:.4g} rows of q·n (rows as bounded): "
+            f"the interval meets the range between the q - {rank:.4g}/n and q + {rank:.4g}/n "
+            "quantiles",
+            "not_covered": "the exact quantile itself when the column has a gap around it: no "
+            "differentially private interval can promise it (one person can move the exact "
+            "quantile across a gap); computed from the released bin and public constants only",
+        }
+
     def describe(self, confidence: float) -> dict[str, Any]:
         return {
             "output": self.name,
@@ -235,10 +252,12 @@ def quantile_answer(
     analyst: str,
 ) -> QueryResult:
     """Permute-and-flip quantiles for every public key combination from the bounded histograms
-    (``frames``: per column, rows of group keys, ``__bin`` and ``m0``); no interval: the rank
-    error bound is in ``details``, the interval is (None, None)."""
+    (``frames``: per column, rows of group keys, ``__bin`` and ``m0``); each interval is the
+    chosen public bin, which holds a value within the rank error of the quantile
+    (``QuantilePlan.interval_statement``)."""
     index, keys = _groups(plan)
     values: dict[str, np.ndarray] = {}
+    chosen: dict[str, list[tuple[float, float]]] = {}
     for spec in quantiles:
         frame = frames[spec.column]
         histograms = np.zeros((len(keys), spec.candidates), dtype=np.int64)
@@ -262,6 +281,7 @@ def quantile_answer(
             rng=rng,
         )
         values[spec.name] = released.values
+        chosen[spec.name] = list(zip(released.lower.tolist(), released.upper.tolist(), strict=True))
     columns: dict[str, list[Any]] = {}
     for output in plan.shape.outputs:
         if isinstance(output, GroupKey):
@@ -273,7 +293,7 @@ def quantile_answer(
     return QueryResult(
         columns=names,
         rows=list(zip(*(columns[n] for n in names), strict=True)),
-        intervals={p.name: [(None, None)] * len(keys) for p in quantiles},
+        intervals=chosen,
         noise_scale={},
         confidence=plan.confidence,
         epsilon=entry.cost.epsilon,
@@ -281,5 +301,8 @@ def quantile_answer(
         mechanism=plan.mechanism,
         analyst=analyst,
         ledger_entry=entry.seq,
-        details={"quantiles": [p.describe(plan.confidence) for p in quantiles]},
+        details={
+            "quantiles": [p.describe(plan.confidence) for p in quantiles],
+            "intervals": {p.name: p.interval_statement(plan.confidence) for p in quantiles},
+        },
     )

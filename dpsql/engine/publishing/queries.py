@@ -26,6 +26,7 @@ from dpsql.mechanisms.compressed_rr import (
 )
 
 __all__ = [
+    "UNCLIPPED",
     "CommonItemsResult",
     "DecodedRow",
     "PopularityResult",
@@ -33,6 +34,15 @@ __all__ = [
     "release_decode",
     "release_popularity",
 ]
+
+UNCLIPPED = (
+    "unbiased, unclipped: a randomized-response estimate may fall below 0 or above the persons "
+    "who could hold the item (so sums and means of estimates stay unbiased); a popularity "
+    "interval is clipped to [0, persons], the truth's range, so such an estimate lies outside "
+    "its interval; clip it yourself for display"
+)
+"""What every randomized-response estimate says about its range."""
+
 
 @dataclass(frozen=True)
 class PopularityResult:
@@ -64,6 +74,7 @@ class PopularityResult:
             },
             "std_error": self.std_error,
             "confidence": self.confidence,
+            "estimates": UNCLIPPED,
             "persons": self.persons,
             "epsilon_spent": 0.0,
             "delta_spent": 0.0,
@@ -83,7 +94,7 @@ class CommonItemsResult:
     ledger_entry: int
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "epsilon_spent": 0.0, "delta_spent": 0.0}
+        return {**asdict(self), "estimates": UNCLIPPED, "epsilon_spent": 0.0, "delta_spent": 0.0}
 
 
 @dataclass(frozen=True)

@@ -36,6 +36,17 @@ function format(value) {
   return String(Number(value.toPrecision(6)));
 }
 
+// A float with an interval, shown to two significant digits of its half-width (ends outwards);
+// display only: the result keeps every digit.
+function shownWithNoise(value, [low, high]) {
+  const numbers = [value, low, high].every((v) => typeof v === "number" && Number.isFinite(v));
+  if (!numbers || Number.isInteger(value) || !(high > low)) return [value, low, high];
+  const step = 10 ** (Math.floor(Math.log10((high - low) / 2)) - 1);
+  const digits = Math.max(0, -Math.round(Math.log10(step)));
+  const at = (v, how) => Number((how(v / step) * step).toFixed(digits));
+  return [at(value, Math.round), at(low, Math.floor), at(high, Math.ceil)];
+}
+
 function element(tag, text, className) {
   const node = document.createElement(tag);
   if (text !== undefined) node.textContent = text;
@@ -197,6 +208,7 @@ async function preview() {
       const shown = errors.map(([name, half]) => `${name} ±${half === null ? "depends on the data" : format(half)}`);
       parts.push(`Expected error (${level}% interval): ${shown.join(", ")}.`);
     }
+    for (const warning of (report.plan && report.plan.warnings) || []) parts.push(`Warning: ${warning}`);
     if (exceeds) parts.push("This query exceeds the remaining budget and would be refused.");
     line.textContent = parts.join(" ");
     line.className = exceeds ? "bad" : "muted";
@@ -227,7 +239,8 @@ function renderResult(result) {
   $("result-meta").textContent =
     `Spent ε=${format(result.epsilon_spent)}, δ=${format(result.delta_spent)} with ` +
     `${result.mechanism}; ledger entry ${result.ledger_entry}; error bars are ` +
-    `${Math.round(result.confidence * 100)}% intervals.`;
+    `${Math.round(result.confidence * 100)}% intervals.` +
+    ((result.details && result.details.warnings) || []).map((w) => ` Warning: ${w}`).join("");
   const columns = [];
   for (const name of result.columns) {
     columns.push(name);
@@ -236,8 +249,8 @@ function renderResult(result) {
   const rows = result.rows.map((row, r) => {
     const out = [];
     result.columns.forEach((name, i) => {
-      out.push(row[i]);
-      if (name in result.intervals) out.push(...result.intervals[name][r]);
+      if (name in result.intervals) out.push(...shownWithNoise(row[i], result.intervals[name][r]));
+      else out.push(row[i]);
     });
     return out;
   });
