@@ -12,8 +12,9 @@ import re
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import duckdb
 import numpy as np
@@ -26,7 +27,16 @@ from dpsql.engine.progress import Progress, run_duckdb
 from dpsql.engine.sources import FileSource, allowed_files, policy_sources
 from dpsql.errors import FAILED_AFTER_CHARGE, ExecutionError, ParameterError, PolicyError
 
-__all__ = ["DUCKDB_CONFIG", "SCRATCH_PREFIX", "Backend", "DuckDBBackend", "Scratch"]
+__all__ = [
+    "DUCKDB_CONFIG",
+    "SCRATCH_PREFIX",
+    "Backend",
+    "DuckDBBackend",
+    "ReadsRows",
+    "Rows",
+    "Scratch",
+    "rows_of",
+]
 
 DUCKDB_CONFIG = {
     "enable_external_access": False,
@@ -58,6 +68,49 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A small result as plain Python values: its column names and one tuple per row (what a
+    DB-API ``fetchall`` returns). The release stages read aggregated answers this way: building
+    a DataFrame for a one-row answer costs more than the rest of the release."""
+
+    columns: tuple[str, ...]
+    data: list[tuple[Any, ...]]
+
+    @classmethod
+    def of_frame(cls, frame: pd.DataFrame) -> Rows:
+        """The rows of a DataFrame (a backend that only has ``run``)."""
+        return cls(
+            tuple(str(c) for c in frame.columns),
+            list(frame.itertuples(index=False, name=None)),
+        )
+
+    def column(self, name: str) -> list[Any]:
+        """The values of column ``name``, in row order."""
+        index = self.columns.index(name)
+        return [row[index] for row in self.data]
+
+
+@runtime_checkable
+class ReadsRows(Protocol):
+    """A backend that returns small results as :class:`Rows` without building a DataFrame."""
+
+    def rows(self, sql: str, progress: Progress | None = None) -> Rows:
+        """Run generated SQL whose result is small (an aggregated answer); its rows."""
+        ...
+
+
+def rows_of(backend: Backend, sql: str, progress: Progress | None = None) -> Rows:
+    """The rows of generated ``sql`` on ``backend``: from its ``rows`` when it has one (see
+    :class:`ReadsRows`), else from its ``run``'s DataFrame (``progress`` is given to ``run``
+    only when not None: backends written against ``run(sql)`` take no such keyword)."""
+    if isinstance(backend, ReadsRows):
+        return backend.rows(sql, progress)
+    if progress is None:
+        return Rows.of_frame(backend.run(sql))
+    return Rows.of_frame(backend.run(sql, progress=progress))  # type: ignore[call-arg]
 
 
 class DuckDBBackend:
@@ -272,6 +325,21 @@ class DuckDBBackend:
             pass
         # Raised outside the handler, so no exception chain carries the database's message (which
         # may quote row values) or its class (which may depend on them).
+        raise ExecutionError(FAILED_AFTER_CHARGE)
+
+    def rows(self, sql: str, progress: Progress | None = None) -> Rows:
+        """Run generated SQL whose result is small and return its rows as Python values
+        (``fetchall``: no DataFrame is built); with ``progress``, as ``run`` does."""
+        if progress is not None:
+            return Rows.of_frame(self.run(sql, progress))
+        try:
+            with deadline.watching(self._connection):
+                cursor = self._connection.execute(sql)
+                data = cursor.fetchall()
+                columns = tuple(d[0] for d in cursor.description or ())
+            return Rows(columns, data)
+        except duckdb.Error:
+            pass
         raise ExecutionError(FAILED_AFTER_CHARGE)
 
     @contextlib.contextmanager

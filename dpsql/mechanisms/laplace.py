@@ -37,6 +37,7 @@ discrete Laplace output mapped through one fixed function (post-processing).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -105,6 +106,7 @@ def _confidence(confidence: float) -> float:
     return float(confidence)
 
 
+@functools.lru_cache(maxsize=1024, typed=True)
 def noise_scale(sensitivity: float, epsilon: float) -> Fraction:
     """The smallest multiple of ``2**-k`` that is ``>= sensitivity / epsilon`` (exact rationals).
 

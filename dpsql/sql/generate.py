@@ -24,6 +24,7 @@ the output is ``min(max_groups_per_unit * max_rows_per_group, max_rows_per_unit)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
@@ -33,6 +34,7 @@ from enum import Enum
 import sqlglot
 from sqlglot import exp
 
+from dpsql.memo import Kept
 from dpsql.sql.shape import ColumnKind, QueryShape
 
 __all__ = [
@@ -113,10 +115,15 @@ def _in_dialect(sql: str, dialect: str) -> str:
 
 
 def identifier(name: str) -> str:
-    """``name`` as a quoted DuckDB identifier."""
-    return exp.to_identifier(name, quoted=True).sql(dialect="duckdb")
+    """``name`` as a quoted DuckDB identifier (what sqlglot writes: inner quotes doubled).
+
+    >>> identifier('we"ird')
+    '"we""ird"'
+    """
+    return '"' + name.replace('"', '""') + '"'
 
 
+@functools.lru_cache(maxsize=1024)
 def _number(value: float) -> str:
     return exp.Literal.number(repr(float(value))).sql(dialect="duckdb")
 
@@ -291,6 +298,11 @@ def shape_rows(shape: QueryShape, unit: str, partition: str | None = None) -> st
     return private_rows(shape.table, unit, partition, relation=relation)
 
 
+_KEPT: Kept[str] = Kept(128)
+"""SQL of the WHERE clause and of public key lists: the same objects each time a bound query is
+asked again."""
+
+
 def scoped(where: exp.Expression, table: str, unit: str) -> str:
     """``where`` (DuckDB SQL) with every read of private ``table`` inside it (the subquery of a
     person-level filter ``unit IN (SELECT unit FROM table WHERE ...)``) reading
@@ -302,6 +314,10 @@ def scoped(where: exp.Expression, table: str, unit: str) -> str:
     >>> scoped(w.this, "t", "u")
     'NOT u IN (SELECT u FROM (SELECT * FROM "t" WHERE NOT "u" IS NULL) AS "t")'
     """
+    return _KEPT.get((where, table, unit), lambda: _scoped(where, table, unit))
+
+
+def _scoped(where: exp.Expression, table: str, unit: str) -> str:
     if where.find(exp.From, exp.Table) is None:  # no subquery reads a table: nothing to scope
         return where.sql(dialect="duckdb")
     rows = sqlglot.parse_one(f"SELECT * FROM {private_rows(table, unit)}", read="duckdb")
@@ -321,6 +337,11 @@ def scoped(where: exp.Expression, table: str, unit: str) -> str:
         return node
 
     return where.copy().transform(replace).sql(dialect="duckdb")
+
+
+def _key_list(keys: Sequence[exp.Expression]) -> str:
+    """Public keys as a list of SQL literals (kept for the same key objects)."""
+    return _KEPT.get((keys,), lambda: ", ".join(v.sql(dialect="duckdb") for v in keys))
 
 
 def bounded_aggregate(
@@ -479,8 +500,7 @@ def _chain(
         conditions.append(f"({scoped(shape.where, shape.table, bounds.unit)})")
     for column in shape.group_by:
         if column in public_keys:
-            values = ", ".join(v.sql(dialect="duckdb") for v in public_keys[column])
-            conditions.append(f"{identifier(column)} IN ({values})")
+            conditions.append(f"{identifier(column)} IN ({_key_list(public_keys[column])})")
         else:
             conditions.append(f"{identifier(column)} IS NOT NULL")
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
