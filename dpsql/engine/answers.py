@@ -10,10 +10,10 @@ from __future__ import annotations
 import datetime as dt
 import itertools
 import math
+import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from dpsql.accountant.ledger import LedgerEntry
 from dpsql.engine.plans.base import MECHANISM, literal_text
@@ -222,7 +222,8 @@ def _ratio(
 
 def plain(value: Any) -> Any:
     """NumPy and pandas scalars as plain Python values (dates as ISO strings)."""
-    if isinstance(value, pd.Timestamp):
+    pandas = sys.modules.get("pandas")  # not imported: no value is one of its timestamps
+    if pandas is not None and isinstance(value, pandas.Timestamp):
         return value.isoformat() if value.time() != dt.time() else value.date().isoformat()
     if isinstance(value, np.generic):
         return value.item()

@@ -14,11 +14,10 @@ import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import duckdb
 import numpy as np
-import pandas as pd
 from sqlglot import exp
 
 from dpsql import deadline
@@ -26,6 +25,9 @@ from dpsql.engine.policy import MEMORY_PATTERN, Policy
 from dpsql.engine.progress import Progress, run_duckdb
 from dpsql.engine.sources import FileSource, allowed_files, policy_sources
 from dpsql.errors import FAILED_AFTER_CHARGE, ExecutionError, ParameterError, PolicyError
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "DUCKDB_CONFIG",
@@ -393,6 +395,7 @@ class Scratch:
         """``values`` as a one-column table (text, or 64-bit integers), read where queries run:
         the database compares them in its own semantics, and no value is written into SQL."""
         name = _scratch_name()
+        import pandas as pd
         series = pd.Series(values, dtype="string" if text else "int64")
         try:
             self.backend._connection.register(name, pd.DataFrame({column: series}))

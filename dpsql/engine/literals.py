@@ -23,9 +23,8 @@ import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import pandas as pd
 import sqlglot
 from sqlglot import exp
 
@@ -37,6 +36,9 @@ from dpsql.sql.analyze import temporal_pattern
 from dpsql.sql.filters import check_unit_filters
 from dpsql.sql.partition import domain_probe, mentions, restrict
 from dpsql.sql.shape import ColumnKind, QueryShape
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["Binder", "BoundShape", "Runner"]
 

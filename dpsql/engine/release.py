@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from dpsql.engine.backends import Backend, Rows, rows_of
 from dpsql.engine.policy import Policy
@@ -29,6 +28,8 @@ from dpsql.engine.synopses import SynopsisStore
 from dpsql.sql.generate import bounded_aggregate
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from dpsql.accountant.ledger import LedgerEntry
     from dpsql.engine.planner import QueryPlan
     from dpsql.engine.results import QueryResult

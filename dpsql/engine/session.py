@@ -27,8 +27,6 @@ from dpsql.engine.answers import (
 )
 from dpsql.engine.backends import Backend, DuckDBBackend
 from dpsql.engine.choices import DEFAULT_EXPECTED_QUERIES
-from dpsql.engine.contributions import contribution_answer, plan_contributions
-from dpsql.engine.derived import post_processed
 from dpsql.engine.literals import Binder
 from dpsql.engine.planner import (
     QueryPlan,
@@ -446,7 +444,11 @@ class Session:
             if "accuracy" in shown:
                 details = {**result.details, "accuracy": shown["accuracy"]}
                 result = result.model_copy(update={"details": details})
-            return self._kept(result if post is None else post_processed(result, post))
+            if post is not None:
+                from dpsql.engine.derived import post_processed  # a post-processed query only
+
+                result = post_processed(result, post)
+            return self._kept(result)
 
         return after_charge(released)
 
@@ -549,6 +551,8 @@ class Session:
         person's rows, groups and largest group, and the smallest powers of two covering
         ``coverage`` of the persons in ``details["suggested"]``). Charged like any query, at
         ``epsilon`` (default ``contributions.DEFAULT_EPSILON`` = 0.1)."""
+        from dpsql.engine.contributions import contribution_answer, plan_contributions
+
         plan = plan_contributions(
             self.refresh_policy(),
             visible_catalog(self.backend, self.policy),

@@ -43,9 +43,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from dpsql.errors import ParameterError
 from dpsql.mechanisms import discrete_gaussian as dg
@@ -58,6 +58,9 @@ from dpsql.mechanisms.threshold import (
     _count_array,
     _unique,
 )
+
+if TYPE_CHECKING:
+    pass
 
 __all__ = [
     "DEFAULT_FIRST_DELTA_SHARE",
@@ -201,6 +204,7 @@ def release(
     # post-processing of both rounds' outputs.
     second = second[~_within(second, first)]
     selected = np.concatenate([first, second])
+    import pandas as pd
     position = pd.Index(key_array).get_indexer(selected)
     true = np.zeros(selected.size, dtype=np.int64)
     true[position >= 0] = count_array[position[position >= 0]]
@@ -219,6 +223,7 @@ def release(
 
 def _within(values: np.ndarray, of: np.ndarray) -> np.ndarray:
     """Membership by hashing (``np.isin`` on object arrays is quadratic-ish)."""
+    import pandas as pd
     return pd.Index(of).get_indexer(values) >= 0 if of.size else np.zeros(values.size, bool)
 
 
@@ -238,6 +243,7 @@ def second_round_weights(
     unit_array, key_array = unit_array[keep], key_array[keep]
     if not key_array.size:
         return key_array, np.zeros(0, dtype=np.int64)
+    import pandas as pd
     unit_index, unit_values = pd.factorize(unit_array)
     per_unit = np.bincount(unit_index, minlength=unit_values.size)
     if per_unit.max() > len(weights):

@@ -17,7 +17,6 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from dpsql.accountant.events import MechanismEvent, SequentialEvent
 from dpsql.engine.answers import ALP_ROWS_PER_KEY, having_rows, plain
@@ -47,6 +46,8 @@ from dpsql.sql.generate import bounded_aggregate, ranked_cells
 from dpsql.sql.shape import AggregateKind, ColumnKind, GroupKey, QueryShape
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from dpsql.accountant.ledger import LedgerEntry
     from dpsql.engine.backends import Scratch
     from dpsql.engine.planner import QueryPlan
