@@ -65,12 +65,16 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_FIRST_DELTA_SHARE",
     "DEFAULT_FIRST_SHARE",
+    "DEFAULT_SELECTION_SHARE",
     "AdaptivePlan",
     "SecondRound",
     "plan",
     "release",
     "second_round_weights",
 ]
+
+DEFAULT_SELECTION_SHARE = ws.DEFAULT_SELECTION_SHARE
+"""Share of ρ spent on both rounds' selection (weighted selection's); the counts get the rest."""
 
 DEFAULT_FIRST_SHARE = 0.06
 """Share of the selection's ρ spent on round 1 (finding the keys far above any threshold)."""
@@ -100,6 +104,15 @@ class AdaptivePlan(ws.WeightedPlan):
     @property
     def first_sigma(self) -> float:
         return float(self.first_sigma_squared) ** 0.5
+
+    def release_probability(self, persons: int, keys_each: int = 1) -> float:
+        """``P`` that a key of ``persons`` persons with ``keys_each`` kept keys each is released
+        by either round, when round 1 releases none of their other keys (round 2 then weighs
+        the key as round 1 did; the rounds' noises are independent)."""
+        weight = self.weights[min(keys_each, len(self.weights)) - 1]
+        first = dg.tail_at_least(self.first_tau - persons * weight, self.first_sigma_squared)
+        second = dg.tail_at_least(self.tau - persons * weight, self.selection_sigma_squared)
+        return 1.0 - (1.0 - first) * (1.0 - second)
 
 
 def _rho(sigma_squared: Fraction) -> float:

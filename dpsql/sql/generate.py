@@ -355,6 +355,7 @@ def bounded_aggregate(
     weights: Sequence[int] | None = None,
     histogram: Histogram | None = None,
     cells_table: str | None = None,
+    rank_every_unit: bool = False,
 ) -> str:
     """SQL returning one row per non-empty group: the group columns, then one column per measure.
 
@@ -376,8 +377,12 @@ def bounded_aggregate(
     With ``cells_table`` (a table holding what :func:`ranked_cells` selects for the same
     arguments and salt), the same aggregation reads the ranked cells from that table instead of
     computing them: the same rows, so the same result.
+
+    Only units over a contribution bound are put in their salted order (``_ranking``);
+    ``rank_every_unit`` ranks every unit as the engine once did (the same result, slower: kept
+    for the property test and the benchmark that compare the two).
     """
-    chain = _chain(shape, measures, bounds, public_keys, salt, weights, histogram)
+    chain = _chain(shape, measures, bounds, public_keys, salt, weights, histogram, rank_every_unit)
     ctes, previous, kept, keys = chain.ctes, chain.previous, chain.kept, chain.keys
     cells_of = chain.cells_of
     if cells_table is not None:
@@ -428,6 +433,7 @@ def ranked_cells(
     salt: int,
     weights: Sequence[int],
     dialect: str = "duckdb",
+    rank_every_unit: bool = False,
 ) -> str:
     """SQL selecting every (unit, group) cell of :func:`bounded_aggregate` (same arguments, same
     salt) before the cut to ``max_groups_per_unit``: ``__unit``, the group columns
@@ -436,7 +442,7 @@ def ranked_cells(
     per-unit row bound can bind, ``__rows_through``. Materialised once, it serves
     ``bounded_aggregate(..., cells_table=...)`` and the adaptive selection's round 2
     (``dpsql.sql.exclusion.second_round_weights``) without reading the rows again."""
-    chain = _chain(shape, measures, bounds, public_keys, salt, weights, None)
+    chain = _chain(shape, measures, bounds, public_keys, salt, weights, None, rank_every_unit)
     assert chain.ranked and weights, "only a ranked aggregation with weights has ranked cells"
     return _in_dialect(f"WITH {', '.join(chain.ctes)} SELECT * FROM ranked", dialect)
 
@@ -480,6 +486,7 @@ def _chain(
     salt: int,
     weights: Sequence[int] | None,
     histogram: Histogram | None,
+    rank_every_unit: bool = False,
 ) -> _Chain:
     keys = [f"__key{i}" for i in range(len(shape.group_by))]
     select = [f"{identifier(bounds.unit)} AS __unit"]
@@ -548,62 +555,10 @@ def _chain(
         bounds.max_rows_per_unit < min(domain, bounds.max_groups_per_unit) * per_group
     )
     if rank_groups or cap_unit:
-        # A unit's cells in salted (unit, key) order: the first max_groups_per_unit are kept, and
-        # rows' worth is handed out in that order until max_rows_per_unit is used up.
-        key_list = ", ".join(keys)
-        unit_kind = shape.columns[bounds.unit]
-        key_kinds = [shape.columns[c] for c in shape.group_by]
-        # The window carries only what the final aggregation reads (the sort moves every column).
-        carried = ["__unit", *keys, "__rows", *cells_of.values()]
-        ordered = "cells"
-        if _integral(key_kinds):
-            key_code = _key_code(keys, key_kinds, salt)
-        else:
-            # MD5 once per distinct key, read as an integer code (of the key alone), joined on.
-            digests = f"SELECT {key_list}, {_md5(salt, 'key', keys)} AS __keydigest FROM "
-            ctes.append(
-                f"key_codes AS (SELECT {key_list}, {_hex_code('__keydigest')} AS __keycode "
-                f"FROM ({digests}(SELECT DISTINCT {key_list} FROM cells) AS __keys) "
-                "AS __digests)"
-            )
-            on = " AND ".join(f"cells.{k} = key_codes.{k}" for k in keys)
-            ctes.append(
-                f"coded AS (SELECT cells.*, key_codes.__keycode FROM cells JOIN key_codes ON {on})"
-            )
-            carried.append("__keycode")
-            key_code, ordered = "__keycode", "coded"
-        if _integral([unit_kind]):
-            unit_code = _integer_code("__unit", unit_kind)
-        else:
-            ctes.append(
-                f"digested AS (SELECT {', '.join(carried)}, "
-                f"{_md5(salt, 'unit', ['__unit'])} AS __unitdigest FROM {ordered})"
-            )
-            carried.append("__unitdigest")
-            unit_code, ordered = _hex_code("__unitdigest"), "digested"
-        steps, order = _salted_order(unit_code, key_code, salt)
-        for index, step in enumerate(steps):
-            ctes.append(
-                f"mixed{index} AS (SELECT {', '.join(carried)}, {step} AS __mix FROM {ordered})"
-            )
-            ordered = f"mixed{index}"
-        # The order as a column of its own: sorting on a column, not on an expression inside the
-        # window, made DuckDB's ranking 10-15% faster at 10M cells (docs/partition_selection.md).
-        ctes.append(f"salted AS (SELECT {', '.join(carried)}, {order} AS __order FROM {ordered})")
-        ordered = "salted"
-        order_by = f"PARTITION BY __unit ORDER BY __order, {key_list}"
-        columns = ", ".join(["__unit", *keys, "__rows", *cells_of.values()])
-        # One sort of every unit's cells: splitting off the units that cannot exceed a bound
-        # costs a second pass and a join, which is slower whenever many units do exceed one.
-        ranking = [f"ROW_NUMBER() OVER ({order_by}) AS __group_rank"]
-        if weights:
-            ranking.append("COUNT(*) OVER (PARTITION BY __unit) AS __unit_keys")
-        if cap_unit:
-            ranking.append(
-                f"SUM({kept}) OVER ({order_by} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) "
-                "AS __rows_through"
-            )
-        ctes.append(f"ranked AS (SELECT {columns}, {', '.join(ranking)} FROM {ordered})")
+        _ranking(
+            shape, bounds, salt, keys, cells_of, ctes, kept,
+            weights=bool(weights), cap_unit=cap_unit, every_unit=rank_every_unit,
+        )  # fmt: skip
         previous = f"ranked WHERE __group_rank <= {int(bounds.max_groups_per_unit)}"
         if cap_unit:
             before = f"(__rows_through - {kept})"
@@ -617,6 +572,105 @@ def _chain(
         rank_groups or cap_unit,
         int(bounds.max_groups_per_unit),
     )
+
+
+def _ranking(
+    shape: QueryShape,
+    bounds: Bounds,
+    salt: int,
+    keys: list[str],
+    cells_of: dict[int, str],
+    ctes: list[str],
+    kept: str,
+    *,
+    weights: bool,
+    cap_unit: bool,
+    every_unit: bool,
+) -> None:
+    """Append the CTEs ending in ``ranked``: every cell with its place ``__group_rank`` in its
+    unit's salted order of (unit, key), its unit's number of cells ``__unit_keys`` and, when
+    the per-unit row bound can bind, ``__rows_through`` (its unit's rows' worth up to and
+    including it, in that order).
+
+    Only units over a bound are ranked: a unit with at most ``max_groups_per_unit`` cells (and,
+    when it can bind, at most ``max_rows_per_unit`` rows' worth in them) keeps every cell
+    whatever their order, so its cells get place 1 and ``__rows_through`` equal to their own
+    rows' worth (nothing before them is cut), which selects exactly what ranking them would:
+    the same kept cells, weights and rows' worth (a property test checks it against
+    ``every_unit``, which ranks every unit as before). Whether a unit is over a bound depends on
+    its own cells only. The salted order (and the MD5 codes of text keys and units) is then
+    computed for the cells of units over a bound only.
+    """
+    key_list = ", ".join(keys)
+    unit_kind = shape.columns[bounds.unit]
+    key_kinds = [shape.columns[c] for c in shape.group_by]
+    # The window carries only what the final aggregation reads (the sort moves every column).
+    carried = ["__unit", *keys, "__rows", *cells_of.values()]
+    per_unit = ["COUNT(*) OVER (PARTITION BY __unit) AS __unit_keys"]
+    over = f"__unit_keys > {int(bounds.max_groups_per_unit)}"
+    if cap_unit:
+        per_unit.append(f"SUM({kept}) OVER (PARTITION BY __unit) AS __unit_rows")
+        over += f" OR __unit_rows > {int(bounds.max_rows_per_unit)}.0"
+    ordered = "cells"
+    if not every_unit:
+        ctes.append(f"sized AS (SELECT *, {', '.join(per_unit)} FROM cells)")
+        ctes.append(f"over AS (SELECT {', '.join(carried)}, __unit_keys FROM sized WHERE {over})")
+        ordered = "over"
+        carried.append("__unit_keys")
+    if _integral(key_kinds):
+        key_code = _key_code(keys, key_kinds, salt)
+    else:
+        # MD5 once per distinct key, read as an integer code (of the key alone), joined on.
+        digests = f"SELECT {key_list}, {_md5(salt, 'key', keys)} AS __keydigest FROM "
+        ctes.append(
+            f"key_codes AS (SELECT {key_list}, {_hex_code('__keydigest')} AS __keycode "
+            f"FROM ({digests}(SELECT DISTINCT {key_list} FROM {ordered}) AS __keys) "
+            "AS __digests)"
+        )
+        on = " AND ".join(f"{ordered}.{k} = key_codes.{k}" for k in keys)
+        ctes.append(
+            f"coded AS (SELECT {ordered}.*, key_codes.__keycode FROM {ordered} "
+            f"JOIN key_codes ON {on})"
+        )
+        carried.append("__keycode")
+        key_code, ordered = "__keycode", "coded"
+    if _integral([unit_kind]):
+        unit_code = _integer_code("__unit", unit_kind)
+    else:
+        ctes.append(
+            f"digested AS (SELECT {', '.join(carried)}, "
+            f"{_md5(salt, 'unit', ['__unit'])} AS __unitdigest FROM {ordered})"
+        )
+        carried.append("__unitdigest")
+        unit_code, ordered = _hex_code("__unitdigest"), "digested"
+    steps, order = _salted_order(unit_code, key_code, salt)
+    for index, step in enumerate(steps):
+        ctes.append(
+            f"mixed{index} AS (SELECT {', '.join(carried)}, {step} AS __mix FROM {ordered})"
+        )
+        ordered = f"mixed{index}"
+    # The order as a column of its own: sorting on a column, not on an expression inside the
+    # window, made DuckDB's ranking 10-15% faster at 10M cells (docs/partition_selection.md).
+    ctes.append(f"salted AS (SELECT {', '.join(carried)}, {order} AS __order FROM {ordered})")
+    order_by = f"PARTITION BY __unit ORDER BY __order, {key_list}"
+    columns = ", ".join(["__unit", *keys, "__rows", *cells_of.values()])
+    ranks = [f"ROW_NUMBER() OVER ({order_by}) AS __group_rank"]
+    whole = ["1 AS __group_rank", "__unit_keys"]
+    if every_unit and weights:
+        ranks.append(per_unit[0])
+    elif not every_unit:
+        ranks.append("__unit_keys")
+    if cap_unit:
+        ranks.append(
+            f"SUM({kept}) OVER ({order_by} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) "
+            "AS __rows_through"
+        )
+        whole.append(f"{kept} AS __rows_through")
+    ranked = f"SELECT {columns}, {', '.join(ranks)} FROM salted"
+    if not every_unit:
+        within = f"SELECT {columns}, {', '.join(whole)} FROM sized WHERE NOT ({over})"
+        ranked = f"{ranked} UNION ALL {within}"
+    ctes.append(f"ranked AS ({ranked})")
 
 
 def _bin(histogram: Histogram) -> str:
