@@ -588,9 +588,9 @@ def _ranking(
     every_unit: bool,
 ) -> None:
     """Append the CTEs ending in ``ranked``: every cell with its place ``__group_rank`` in its
-    unit's salted order of (unit, key), its unit's number of cells ``__unit_keys`` and, when
-    the per-unit row bound can bind, ``__rows_through`` (its unit's rows' worth up to and
-    including it, in that order).
+    unit's salted order of (unit, key), with ``weights`` its unit's number of cells
+    ``__unit_keys`` and, when the per-unit row bound can bind, ``__rows_through`` (its unit's
+    rows' worth up to and including it, in that order).
 
     Only units over a bound are ranked: a unit with at most ``max_groups_per_unit`` cells (and,
     when it can bind, at most ``max_rows_per_unit`` rows' worth in them) keeps every cell
@@ -599,24 +599,38 @@ def _ranking(
     the same kept cells, weights and rows' worth (a property test checks it against
     ``every_unit``, which ranks every unit as before). Whether a unit is over a bound depends on
     its own cells only. The salted order (and the MD5 codes of text keys and units) is then
-    computed for the cells of units over a bound only.
+    computed for the cells of units over a bound only, which one aggregation per unit finds
+    (joined back to every cell when the weights need each unit's number of cells; else only
+    the units over a bound, usually few, are looked up). A window count per unit instead of
+    that aggregation was slower than ranking every unit (docs/partition_selection.md).
     """
     key_list = ", ".join(keys)
     unit_kind = shape.columns[bounds.unit]
     key_kinds = [shape.columns[c] for c in shape.group_by]
     # The window carries only what the final aggregation reads (the sort moves every column).
     carried = ["__unit", *keys, "__rows", *cells_of.values()]
-    per_unit = ["COUNT(*) OVER (PARTITION BY __unit) AS __unit_keys"]
-    over = f"__unit_keys > {int(bounds.max_groups_per_unit)}"
+    bound = f"COUNT(*) > {int(bounds.max_groups_per_unit)}"
     if cap_unit:
-        per_unit.append(f"SUM({kept}) OVER (PARTITION BY __unit) AS __unit_rows")
-        over += f" OR __unit_rows > {int(bounds.max_rows_per_unit)}.0"
-    ordered = "cells"
-    if not every_unit:
-        ctes.append(f"sized AS (SELECT *, {', '.join(per_unit)} FROM cells)")
-        ctes.append(f"over AS (SELECT {', '.join(carried)}, __unit_keys FROM sized WHERE {over})")
-        ordered = "over"
+        bound += f" OR SUM({kept}) > {int(bounds.max_rows_per_unit)}.0"
+    ordered, within = "cells", ""
+    if every_unit:
+        pass
+    elif weights:
+        # Every unit's number of cells (its weights), from one aggregation joined back.
+        ctes.append(
+            f"sizes AS (SELECT __unit AS __sized, COUNT(*) AS __unit_keys, ({bound}) AS __over "
+            "FROM cells GROUP BY __unit)"
+        )
+        ctes.append("sized AS (SELECT * FROM cells JOIN sizes ON __unit = __sized)")
+        ctes.append(f"over AS (SELECT {', '.join(carried)}, __unit_keys FROM sized WHERE __over)")
         carried.append("__unit_keys")
+        ordered, within = "over", "sized WHERE NOT __over"
+    else:
+        # Only the units over a bound (usually few): the rest are kept whole.
+        ctes.append(f"over_units AS (SELECT __unit FROM cells GROUP BY __unit HAVING {bound})")
+        units_over = "__unit IN (SELECT __unit FROM over_units)"
+        ctes.append(f"over AS (SELECT {', '.join(carried)} FROM cells WHERE {units_over})")
+        ordered, within = "over", f"cells WHERE NOT ({units_over})"
     if _integral(key_kinds):
         key_code = _key_code(keys, key_kinds, salt)
     else:
@@ -655,11 +669,12 @@ def _ranking(
     order_by = f"PARTITION BY __unit ORDER BY __order, {key_list}"
     columns = ", ".join(["__unit", *keys, "__rows", *cells_of.values()])
     ranks = [f"ROW_NUMBER() OVER ({order_by}) AS __group_rank"]
-    whole = ["1 AS __group_rank", "__unit_keys"]
-    if every_unit and weights:
-        ranks.append(per_unit[0])
-    elif not every_unit:
-        ranks.append("__unit_keys")
+    whole = ["1 AS __group_rank"]
+    if weights:
+        ranks.append(
+            "COUNT(*) OVER (PARTITION BY __unit) AS __unit_keys" if every_unit else "__unit_keys"
+        )
+        whole.append("__unit_keys")
     if cap_unit:
         ranks.append(
             f"SUM({kept}) OVER ({order_by} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) "
@@ -667,9 +682,8 @@ def _ranking(
         )
         whole.append(f"{kept} AS __rows_through")
     ranked = f"SELECT {columns}, {', '.join(ranks)} FROM salted"
-    if not every_unit:
-        within = f"SELECT {columns}, {', '.join(whole)} FROM sized WHERE NOT ({over})"
-        ranked = f"{ranked} UNION ALL {within}"
+    if within:
+        ranked += f" UNION ALL SELECT {columns}, {', '.join(whole)} FROM {within}"
     ctes.append(f"ranked AS ({ranked})")
 
 
