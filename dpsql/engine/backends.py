@@ -104,12 +104,18 @@ class ReadsRows(Protocol):
         ...
 
 
+_READS_ROWS: dict[type, bool] = {}
+
+
 def rows_of(backend: Backend, sql: str, progress: Progress | None = None) -> Rows:
     """The rows of generated ``sql`` on ``backend``: from its ``rows`` when it has one (see
     :class:`ReadsRows`), else from its ``run``'s DataFrame (``progress`` is given to ``run``
     only when not None: backends written against ``run(sql)`` take no such keyword)."""
-    if isinstance(backend, ReadsRows):
-        return backend.rows(sql, progress)
+    reads = _READS_ROWS.get(type(backend))
+    if reads is None:  # a protocol check is slow next to a small query: once per backend type
+        reads = _READS_ROWS[type(backend)] = isinstance(backend, ReadsRows)
+    if reads:
+        return backend.rows(sql, progress)  # type: ignore[attr-defined]
     if progress is None:
         return Rows.of_frame(backend.run(sql))
     return Rows.of_frame(backend.run(sql, progress=progress))  # type: ignore[call-arg]
