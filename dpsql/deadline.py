@@ -3,9 +3,11 @@
 A request (``Session.execute``, ``Session.explain``, a service call) runs within one
 :class:`Deadline`. Python stages that loop over the query (parsing, binding, post-processing)
 call :func:`check`; every DuckDB connection that works for the request (the backend's, the
-post-processing sandbox's) runs inside :meth:`Deadline.watching`, and a timer thread interrupts
-it when the time is up. :meth:`Deadline.expire` does the same at once (the service calls it when
-its own time limit passes), so a stopped request frees its worker.
+post-processing sandbox's) runs inside :meth:`Deadline.watching`, and a watchdog interrupts it
+when the time is up (one daemon thread for the whole process, not one per request: starting a
+thread per request cost more than a simple query's own Python work). :meth:`Deadline.expire`
+does the same at once (the service calls it when its own time limit passes), so a stopped
+request frees its worker.
 
 Whether the limit was passed before or after the charge decides what the caller sees: before,
 nothing was charged and the request is refused (:class:`TimeLimitError`); after, the charge stands
@@ -21,6 +23,9 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import heapq
+import itertools
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -65,9 +70,9 @@ class Deadline:
         self._expired = threading.Event()
         self._lock = threading.Lock()
         self._watched: list[Interruptible] = []
-        self._timer = threading.Timer(self.seconds, self.expire)
-        self._timer.daemon = True
-        self._timer.start()
+        self.closed = False
+        """Set when the request ends: the watchdog then forgets it."""
+        _WATCHDOG.watch(self)
 
     @property
     def expired(self) -> bool:
@@ -110,7 +115,65 @@ class Deadline:
         )
 
     def close(self) -> None:
-        self._timer.cancel()
+        self.closed = True
+        _WATCHDOG.forget(self)
+
+
+class _Watchdog:
+    """One daemon thread that expires every open deadline of the process when its time comes
+    (the earliest first, from a heap); started on first use, and again in a forked child."""
+
+    def __init__(self) -> None:
+        self._reset()
+        if hasattr(os, "register_at_fork"):
+            os.register_at_fork(after_in_child=self._reset)
+
+    def _reset(self) -> None:
+        self._condition = threading.Condition()
+        self._heap: list[tuple[float, int, Deadline]] = []
+        self._order = itertools.count()
+        self._open = 0
+        self._thread: threading.Thread | None = None
+
+    def watch(self, deadline: Deadline) -> None:
+        with self._condition:
+            entry = (deadline._ends, next(self._order), deadline)
+            heapq.heappush(self._heap, entry)
+            self._open += 1
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="dpsql-deadlines", daemon=True
+                )
+                self._thread.start()
+            elif self._heap[0] is entry:
+                self._condition.notify()
+
+    def forget(self, deadline: Deadline) -> None:
+        with self._condition:
+            self._open -= 1
+            if len(self._heap) > 2 * self._open + 64:  # closed ones wait at most this long
+                self._heap = [entry for entry in self._heap if not entry[2].closed]
+                heapq.heapify(self._heap)
+
+    def _run(self) -> None:
+        condition = self._condition
+        while True:
+            with condition:
+                while self._heap and self._heap[0][2].closed:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    condition.wait()
+                    continue
+                ends, _, deadline = self._heap[0]
+                left = ends - time.monotonic()
+                if left > 0:
+                    condition.wait(left)
+                    continue
+                heapq.heappop(self._heap)
+            deadline.expire()  # outside the lock: it interrupts connections
+
+
+_WATCHDOG = _Watchdog()
 
 
 _current: contextvars.ContextVar[Deadline | None] = contextvars.ContextVar(

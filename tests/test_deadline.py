@@ -92,6 +92,39 @@ def test_a_watched_connection_is_interrupted_at_the_deadline() -> None:
     assert connection.execute("SELECT 42").fetchall() == [(42,)]  # usable afterwards
 
 
+def test_one_watchdog_expires_every_deadline_in_time_order() -> None:
+    """Requests start no thread of their own; deadlines opened in any order expire by time,
+    and a closed one never expires."""
+    deadline.Deadline(60.0).close()  # the watchdog runs from the first deadline on
+    threads = threading.active_count()
+    many = [deadline.Deadline(60.0) for _ in range(50)]
+    assert threading.active_count() == threads
+    for limit in many:
+        limit.close()
+    expired: list[float] = []
+
+    class Clocked:
+        def __init__(self, seconds: float) -> None:
+            self.seconds = seconds
+
+        def interrupt(self) -> None:
+            expired.append(self.seconds)
+
+    opened = []
+    for seconds in (0.6, 0.2, 60.0, 0.4):
+        limit = deadline.Deadline(seconds)
+        limit._watched.append(Clocked(seconds))
+        opened.append(limit)
+    closed = deadline.Deadline(0.3)
+    closed._watched.append(Clocked(0.3))
+    closed.close()
+    _finishes(lambda: opened[0]._expired.wait(30))
+    assert expired == [0.2, 0.4, 0.6]
+    assert not opened[2].expired and not closed._expired.is_set()
+    for limit in opened:
+        limit.close()
+
+
 def _in_context(limit: deadline.Deadline, work):
     """``work()`` with ``limit`` as the current deadline (threads start with an empty one)."""
     token = deadline._current.set(limit)

@@ -19,7 +19,7 @@ import os
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,9 @@ _COLUMNS = (
 )
 
 
+_INSERT = f"INSERT INTO entries ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
+
+
 def current_actor() -> dict[str, Any]:
     """Who is acting, as recorded in every new entry: the operating-system user (the HTTP
     service adds its token's name through ``Ledger.actor``)."""
@@ -136,10 +139,14 @@ class LedgerEntry:
         """The hash this entry must carry: SHA-256 over every other field."""
         fields = {
             k: v
-            for k, v in asdict(self).items()
+            for k, v in zip(_COLUMNS, self.values(), strict=True)
             if k != "hash" and not (k in ("actor", "period") and v is None)
         }
         return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+
+    def values(self) -> tuple[Any, ...]:
+        """The fields in the ledger table's column order (every field is a plain value)."""
+        return tuple(getattr(self, name) for name in _COLUMNS)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -196,6 +203,8 @@ class Ledger:
         self.clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
         """The time of new entries, and so their budget period (a seam for tests)."""
         self._seen = 0
+        self._policy_limits: tuple[int, Limits] | None = None
+        """The sequence number of the policy entry last read, and its limits."""
         self.actor: dict[str, Any] | None = None
         """Who acts through this ledger, when not the default ``current_actor()``: the seam
         through which a service records its token with every entry."""
@@ -305,12 +314,8 @@ class Ledger:
             actor=actor,
             **fields,
         )
-        entry = LedgerEntry(**{**asdict(draft), "hash": draft.digest()})
-        connection.execute(
-            f"INSERT INTO entries ({', '.join(_COLUMNS)}) VALUES "
-            f"({', '.join('?' * len(_COLUMNS))})",
-            tuple(asdict(entry).values()),
-        )
+        entry = replace(draft, hash=draft.digest())
+        connection.execute(_INSERT, entry.values())
         return entry
 
     def _policy(self, connection: sqlite3.Connection) -> dict[str, Any] | None:
@@ -320,13 +325,22 @@ class Ledger:
         return json.loads(row[0]) if row else None
 
     def _limits(self, connection: sqlite3.Connection) -> Limits:
-        payload = self._policy(connection)
-        if payload is None:
+        """The limits of the policy in force, read again only when a newer policy entry
+        exists (entries never change, so a policy entry's limits are its own for ever)."""
+        (seq,) = connection.execute(
+            "SELECT MAX(seq) FROM entries WHERE kind = 'policy'"
+        ).fetchone()
+        if seq is None:
             raise PolicyError(
                 "no privacy policy is set for this database; "
                 "run `dpsql policy set --db DB --file policy.toml`"
             )
-        return Limits.from_dict(payload["limits"])
+        if self._policy_limits is None or self._policy_limits[0] != seq:
+            (payload,) = connection.execute(
+                "SELECT payload FROM entries WHERE seq = ?", (seq,)
+            ).fetchone()
+            self._policy_limits = (seq, Limits.from_dict(json.loads(payload)["limits"]))
+        return self._policy_limits[1]
 
     def _charges(
         self, connection: sqlite3.Connection, analyst: str | None = None
@@ -375,15 +389,18 @@ class Ledger:
         analyst: str | None = None,
         extra: Charge | None = None,
         now: dt.datetime | None = None,
+        read: bool = True,
     ) -> Spend:
         """Spent budget of the dataset (or ``analyst``) in the window of the policy's period
         holding ``now`` (default: the clock), with ``extra`` added if given: every charge whose
         time lies in that window counts, whatever period it was charged under (see
         ``dpsql.accountant.periods``). Basic totals come from the running totals (O(values
         ``extra`` touches)); the advanced bound, when enabled, is recomputed over every step of
-        the window."""
+        the window. ``read=False`` when the caller has just read the new charges (in the same
+        transaction)."""
         current = periods.label(limits.period, now or self.clock())
-        charges = self._charges(connection, analyst)  # also brings the running totals up to date
+        # Reading the new charges also brings the running totals up to date.
+        charges = self._charges(connection, analyst) if read else self._cache.get(analyst, [])
         unlabelled, window = self._window(analyst, current)
         basic = unlabelled + (window.total_with(extra) if extra is not None else window.total())
         advanced = zcdp = None
@@ -496,8 +513,11 @@ class Ledger:
                 (f"dataset {self.dataset!r} cap", None, limits.dataset),
                 (f"analyst {analyst!r} allocation", analyst, allocation),
             )
+            self._charges(connection)  # the charges since the last read, once
             for name, scope, cap in checks:
-                if not self._spend(connection, limits, scope, new, now).fits_within(cap):
+                if not self._spend(connection, limits, scope, new, now, read=False).fits_within(
+                    cap
+                ):
                     spent = self._spend(connection, limits, scope, now=now).best
                     where = ""
                     if partition is not None:

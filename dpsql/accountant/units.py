@@ -14,6 +14,7 @@ Cost(epsilon_units=100000000, delta_units=1000000000000)
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -47,7 +48,10 @@ def check_budget_value(name: str, value: float, *, allow_zero: bool) -> float:
     return value
 
 
+@functools.lru_cache(maxsize=4096, typed=True)
 def _units(value: float, resolution: Fraction, *, up: bool) -> int:
+    """``value`` in units of ``resolution``, rounded up or down (a pure function of its
+    arguments, kept per (value, type): ``True`` is refused, not taken for ``1``)."""
     name = "epsilon" if resolution == EPSILON_RESOLUTION else "delta"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ParameterError(f"{name} must be a number, got {value!r}")
@@ -80,11 +84,12 @@ class Cost:
 
     @property
     def epsilon(self) -> float:
-        return float(self.epsilon_units * EPSILON_RESOLUTION)
+        # An int divided by an int is correctly rounded: float(units * EPSILON_RESOLUTION).
+        return self.epsilon_units / EPSILON_RESOLUTION.denominator
 
     @property
     def delta(self) -> float:
-        return float(self.delta_units * DELTA_RESOLUTION)
+        return self.delta_units / DELTA_RESOLUTION.denominator
 
     def __add__(self, other: Cost) -> Cost:
         return Cost(self.epsilon_units + other.epsilon_units, self.delta_units + other.delta_units)

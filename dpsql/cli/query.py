@@ -21,7 +21,9 @@ _mechanism = click.option(
     type=click.Choice([*MECHANISM_NAMES, *STREAM_MECHANISMS]),
     default=None,
     help="How keys of a GROUP BY column without public keys are released (default: the one "
-    "releasing the most keys; alp: threshold + ALP synopsis); laplace forces fresh noise instead "
+    "releasing the most keys among those whose count error is within 1.3x the best; "
+    "OPTIONS(prefer='keys'|'counts') moves along that frontier; alp: threshold + ALP synopsis); "
+    "laplace forces fresh noise instead "
     "of a stored synopsis or stream; pmw / range_tree answer a COUNT(*) from a query stream, "
     "opening one if none answers it.",
 )

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import datetime as dt
 import itertools
+import math
+import sys
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from dpsql.accountant.ledger import LedgerEntry
 from dpsql.engine.noise_laws import DiscreteLaplaceLaw, RatioLaw, ratio_interval
@@ -26,6 +27,7 @@ from dpsql.sql.generate import Measure, MeasureKind
 from dpsql.sql.shape import AggregateKind, GroupKey
 
 if TYPE_CHECKING:
+    from dpsql.engine.backends import Rows
     from dpsql.engine.planner import QueryPlan
 
 __all__ = [
@@ -41,39 +43,52 @@ ALP_ROWS_PER_KEY = sketch_split.ROWS_PER_KEY
 """Sketch rows per expected key: collision probability about 0.1 (the paper's Fig. 3 setting)."""
 
 
-def _aligned(plan: QueryPlan, frame: pd.DataFrame) -> tuple[dict[str, np.ndarray], list[tuple]]:
+def _aligned(plan: QueryPlan, rows: Rows) -> tuple[dict[str, np.ndarray], list[tuple]]:
     """True aggregates (int64 arrays by measure name) for every public key combination (absent
     keys count zero), matched on the database's own spelling of each key (the generated SQL
     returns keys as text)."""
-    group_by = list(plan.shape.group_by)
+    group_by = plan.shape.group_by
     names = [m.measure.name for m in plan.measurements]
+    where = {name: rows.columns.index(name) for name in names}
     if not group_by:
-        if frame.empty:
+        if not rows.data:
             return {n: np.zeros(1, dtype=np.int64) for n in names}, [()]
-        # Column by column: a one-row frame does not need pandas' DataFrame indexing.
-        return {n: frame[n].astype("int64").to_numpy() for n in names}, [()]
-    texts = [[literal_text(v) for v in plan.key_literals[c]] for c in group_by]
-    if len(texts) == 1:
-        index = pd.Index(texts[0], name=group_by[0], dtype=object)
-    else:
-        index = pd.MultiIndex.from_product(texts, names=group_by)
-    frame = frame.astype({c: object for c in group_by})
-    aligned = frame.set_index(group_by)[names].reindex(index, fill_value=0).astype("int64")
+        (row,) = rows.data
+        return {n: np.array([row[where[n]]], dtype=np.int64) for n in names}, [()]
+    # A row's place in the product of the key lists, found by the keys' texts; a row whose
+    # spelling matches no declared key is left out (whatever the data, never a failure).
+    positions = [
+        {literal_text(v): i for i, v in enumerate(plan.key_literals[c])} for c in group_by
+    ]
+    strides = [math.prod(len(p) for p in positions[i + 1 :]) for i in range(len(positions))]
+    at = [rows.columns.index(c) for c in group_by]
+    found: list[int] = []
+    kept: list[tuple[Any, ...]] = []
+    for row in rows.data:
+        places = [p.get(row[i], -1) for p, i in zip(positions, at, strict=True)]
+        if min(places) >= 0:
+            found.append(sum(place * stride for place, stride in zip(places, strides, strict=True)))
+            kept.append(row)
+    aligned = {}
+    for n in names:
+        values = np.zeros(plan.groups, dtype=np.int64)
+        values[found] = np.array([row[where[n]] for row in kept], dtype=np.int64)
+        aligned[n] = values
     shown = itertools.product(*(plan.key_domain[c] for c in group_by))
     keys = [tuple(plain(v) for v in k) for k in shown]
-    return {n: aligned[n].to_numpy() for n in names}, keys
+    return aligned, keys
 
 
 def laplace_answer(
     plan: QueryPlan,
-    frame: pd.DataFrame,
+    rows: Rows,
     entry: LedgerEntry,
     *,
     rng: np.random.Generator,
     analyst: str,
 ) -> QueryResult:
     """Discrete-Laplace answers for every public key combination, AVG intervals, HAVING."""
-    aligned, keys = _aligned(plan, frame)
+    aligned, keys = _aligned(plan, rows)
     confidence = plan.confidence
     noisy: dict[str, np.ndarray] = {}
     intervals: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -213,7 +228,8 @@ def having_rows(
 
 def plain(value: Any) -> Any:
     """NumPy and pandas scalars as plain Python values (dates as ISO strings)."""
-    if isinstance(value, pd.Timestamp):
+    pandas = sys.modules.get("pandas")  # not imported: no value is one of its timestamps
+    if pandas is not None and isinstance(value, pandas.Timestamp):
         return value.isoformat() if value.time() != dt.time() else value.date().isoformat()
     if isinstance(value, np.generic):
         return value.item()

@@ -12,12 +12,12 @@ import re
 import tempfile
 import uuid
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import duckdb
 import numpy as np
-import pandas as pd
 from sqlglot import exp
 
 from dpsql import deadline
@@ -26,7 +26,19 @@ from dpsql.engine.progress import Progress, run_duckdb
 from dpsql.engine.sources import FileSource, allowed_files, policy_sources
 from dpsql.errors import FAILED_AFTER_CHARGE, ExecutionError, ParameterError, PolicyError
 
-__all__ = ["DUCKDB_CONFIG", "SCRATCH_PREFIX", "Backend", "DuckDBBackend", "Scratch"]
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = [
+    "DUCKDB_CONFIG",
+    "SCRATCH_PREFIX",
+    "Backend",
+    "DuckDBBackend",
+    "ReadsRows",
+    "Rows",
+    "Scratch",
+    "rows_of",
+]
 
 DUCKDB_CONFIG = {
     "enable_external_access": False,
@@ -58,6 +70,55 @@ class Backend(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class Rows:
+    """A small result as plain Python values: its column names and one tuple per row (what a
+    DB-API ``fetchall`` returns). The release stages read aggregated answers this way: building
+    a DataFrame for a one-row answer costs more than the rest of the release."""
+
+    columns: tuple[str, ...]
+    data: list[tuple[Any, ...]]
+
+    @classmethod
+    def of_frame(cls, frame: pd.DataFrame) -> Rows:
+        """The rows of a DataFrame (a backend that only has ``run``)."""
+        return cls(
+            tuple(str(c) for c in frame.columns),
+            list(frame.itertuples(index=False, name=None)),
+        )
+
+    def column(self, name: str) -> list[Any]:
+        """The values of column ``name``, in row order."""
+        index = self.columns.index(name)
+        return [row[index] for row in self.data]
+
+
+@runtime_checkable
+class ReadsRows(Protocol):
+    """A backend that returns small results as :class:`Rows` without building a DataFrame."""
+
+    def rows(self, sql: str, progress: Progress | None = None) -> Rows:
+        """Run generated SQL whose result is small (an aggregated answer); its rows."""
+        ...
+
+
+_READS_ROWS: dict[type, bool] = {}
+
+
+def rows_of(backend: Backend, sql: str, progress: Progress | None = None) -> Rows:
+    """The rows of generated ``sql`` on ``backend``: from its ``rows`` when it has one (see
+    :class:`ReadsRows`), else from its ``run``'s DataFrame (``progress`` is given to ``run``
+    only when not None: backends written against ``run(sql)`` take no such keyword)."""
+    reads = _READS_ROWS.get(type(backend))
+    if reads is None:  # a protocol check is slow next to a small query: once per backend type
+        reads = _READS_ROWS[type(backend)] = isinstance(backend, ReadsRows)
+    if reads:
+        return backend.rows(sql, progress)  # type: ignore[attr-defined]
+    if progress is None:
+        return Rows.of_frame(backend.run(sql))
+    return Rows.of_frame(backend.run(sql, progress=progress))  # type: ignore[call-arg]
 
 
 class DuckDBBackend:
@@ -274,6 +335,21 @@ class DuckDBBackend:
         # may quote row values) or its class (which may depend on them).
         raise ExecutionError(FAILED_AFTER_CHARGE)
 
+    def rows(self, sql: str, progress: Progress | None = None) -> Rows:
+        """Run generated SQL whose result is small and return its rows as Python values
+        (``fetchall``: no DataFrame is built); with ``progress``, as ``run`` does."""
+        if progress is not None:
+            return Rows.of_frame(self.run(sql, progress))
+        try:
+            with deadline.watching(self._connection):
+                cursor = self._connection.execute(sql)
+                data = cursor.fetchall()
+                columns = tuple(d[0] for d in cursor.description or ())
+            return Rows(columns, data)
+        except duckdb.Error:
+            pass
+        raise ExecutionError(FAILED_AFTER_CHARGE)
+
     @contextlib.contextmanager
     def scratch(self) -> Iterator[Scratch]:
         """Private temporary tables for one query, dropped when the block ends, however it
@@ -325,6 +401,7 @@ class Scratch:
         """``values`` as a one-column table (text, or 64-bit integers), read where queries run:
         the database compares them in its own semantics, and no value is written into SQL."""
         name = _scratch_name()
+        import pandas as pd
         series = pd.Series(values, dtype="string" if text else "int64")
         try:
             self.backend._connection.register(name, pd.DataFrame({column: series}))

@@ -18,6 +18,7 @@ MECHANISMS = {
     "threshold_gaussian": "threshold_gaussian",
     "weighted": "weighted",
     "mad2r": "mad2r",
+    "joint": "joint",
     "alp": "combined",
     "combined": "combined",
 }

@@ -23,9 +23,8 @@ import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import pandas as pd
 import sqlglot
 from sqlglot import exp
 
@@ -39,6 +38,9 @@ from dpsql.sql.filters import check_unit_filters
 from dpsql.sql.partition import domain_probe, mentions, restrict
 from dpsql.sql.shape import ColumnKind, QueryShape
 
+if TYPE_CHECKING:
+    import pandas as pd
+
 __all__ = ["Binder", "BoundShape", "Runner"]
 
 _PROBE_STRINGS = ("B", "a", "A", "é", "e", "e\u0301", "ss", "ß", "a ", "")
@@ -46,6 +48,9 @@ _PROBE_STRINGS = ("B", "a", "A", "é", "e", "e\u0301", "ss", "ß", "a ", "")
 differently from bytewise comparison."""
 
 _SPELLED_KEPT = 100_000
+
+_KEY_SETS_KEPT = 256
+"""Converted public key lists a binder keeps (one per policy column, per policy in force)."""
 """Converted literals a binder keeps (then it starts afresh): bounds a long session's memory."""
 
 
@@ -98,6 +103,14 @@ class Binder:
         function of the two in the database's semantics (no row is read) while the backend's
         settings (e.g. its time zone) cannot change: kept only for a backend that says so."""
         self._keeps = bool(getattr(backend, "settings_locked", False))
+        self._keys: dict[tuple[str, str, tuple[PublicKey, ...]], tuple[exp.Cast, ...]] = {}
+        """Converted public keys by (table, column, declared keys), for a pure binder."""
+
+    @property
+    def pure(self) -> bool:
+        """Whether binding is a pure function of the query, the policy and the catalog: the
+        backend's settings are locked, so no conversion can change its answer later."""
+        return self._keeps
 
     def with_relation(self, name: str, types: Mapping[str, str]) -> Binder:
         """This binder also knowing relation ``name`` (``dpsql.engine.relations``) and its
@@ -203,9 +216,24 @@ class Binder:
                 )
 
     # public keys --------------------------------------------------------------------------------
-    def keys(self, table: str, column: str, keys: Sequence[PublicKey]) -> list[exp.Cast]:
+    def keys(self, table: str, column: str, keys: Sequence[PublicKey]) -> tuple[exp.Cast, ...]:
         """The declared keys of ``table.column`` as the backend's own typed literals; refuses a
-        key that is not exactly a value of the column's type and two keys that are one value."""
+        key that is not exactly a value of the column's type and two keys that are one value.
+        For a pure binder the same keys give the same tuple again (not converted again), so
+        what is derived from it (their SQL, their texts) can be kept by its identity."""
+        if not self._keeps:
+            return self._converted_keys(table, column, keys)
+        asked = (table, column, tuple(keys))
+        found = self._keys.get(asked)
+        if found is None:
+            if len(self._keys) >= _KEY_SETS_KEPT:
+                self._keys.clear()
+            found = self._keys[asked] = self._converted_keys(table, column, keys)
+        return found
+
+    def _converted_keys(
+        self, table: str, column: str, keys: Sequence[PublicKey]
+    ) -> tuple[exp.Cast, ...]:
         type_name = self.catalog[table][column]
         kind = ColumnKind.of(type_name)
         target = exp.DataType.build(type_name, dialect="duckdb")
@@ -223,7 +251,7 @@ class Binder:
                     f"{type_name} value ({spelled!r}); list each value once"
                 )
             seen[spelled] = key
-        return converted
+        return tuple(converted)
 
     # shapes -------------------------------------------------------------------------------------
     def bind(self, shape: QueryShape, policy: Policy) -> BoundShape:

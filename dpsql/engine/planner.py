@@ -238,8 +238,9 @@ def _mechanism_option(shape: QueryShape, given: str | None) -> str | None:
 def with_key_hash_seed(plan: QueryPlan, rng: Any) -> QueryPlan:
     """``plan`` with any public seed its family needs (released key hashes) drawn from ``rng``
     before the charge (data-independent), so the ledger entry, the result and any synopsis name
-    it."""
-    return replace(plan, family=plan.family.seeded(rng))
+    it; ``plan`` itself when its family needs none."""
+    family = plan.family.seeded(rng)
+    return plan if family is plan.family else replace(plan, family=family)
 
 
 def unit_weights_of(plan: QueryPlan) -> tuple[int, ...] | None:

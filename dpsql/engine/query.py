@@ -26,12 +26,14 @@ from dpsql.engine.plans.laplace import Laplace
 from dpsql.engine.policy import Policy
 from dpsql.engine.relations import bind_relation, lift_query
 from dpsql.errors import FAILED_AFTER_CHARGE, ExecutionError, ParameterError, UnsupportedQueryError
+from dpsql.memo import Kept
 from dpsql.sql.analyze import analyze
 from dpsql.sql.generate import ranges_per_group
 from dpsql.sql.parse import parse, refusing_deep_recursion
 from dpsql.sql.shape import GroupKey, QueryShape
 
 __all__ = [
+    "BoundQueries",
     "BoundQuery",
     "Budget",
     "after_charge",
@@ -108,6 +110,29 @@ def bind(
         return BoundQuery(binder.bind(shape, policy), normalized, policy, binder)
 
 
+class BoundQueries:
+    """The queries a session bound lately, for a binder whose conversions are pure
+    (``Binder.pure``): binding is then a function of the text, its dialect, the policy in force
+    and the backend's catalog, so a query asked again (a dashboard's refresh) is not parsed,
+    checked and bound again. A new policy entry or a registered table is a new object: what was
+    bound under the old one is not found again (``dpsql.memo.Kept``)."""
+
+    def __init__(self, size: int = 256):
+        self._kept: Kept[BoundQuery] = Kept(size)
+
+    def bound(
+        self, sql: str, *, dialect: str, policy: Policy, backend: Backend, binder: Binder
+    ) -> BoundQuery:
+        """``bind(sql, ...)``, or what it returned before for the same inputs."""
+
+        def bound_now() -> BoundQuery:
+            return bind(sql, dialect=dialect, policy=policy, backend=backend, binder=binder)
+
+        if not binder.pure:
+            return bound_now()
+        return self._kept.get((sql, dialect, policy, backend.catalog()), bound_now)
+
+
 def check_ranges(shape: QueryShape, policy: Policy, backend: Backend) -> None:
     """Refuse a range JOIN whose GROUP BY groups hold several distinct ranges: one row would
     count in each of them while the noise is set for one (reads the public table only)."""
@@ -125,7 +150,9 @@ def check_ranges(shape: QueryShape, policy: Policy, backend: Backend) -> None:
         )
 
 
-def public_keys(shape: QueryShape, policy: Policy, binder: Binder) -> dict[str, list[Any]]:
+def public_keys(
+    shape: QueryShape, policy: Policy, binder: Binder
+) -> dict[str, tuple[Any, ...]]:
     """Public keys of the group columns as the database converted them."""
     table = policy.table(shape.table)
     if table is None or shape.range_join is not None:

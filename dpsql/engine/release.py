@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
-from dpsql.engine.backends import Backend
+from dpsql.engine.backends import Backend, Rows, rows_of
 from dpsql.engine.policy import Policy
 from dpsql.engine.progress import (
     READING_DATA,
@@ -29,6 +28,8 @@ from dpsql.engine.synopses import SynopsisStore
 from dpsql.sql.generate import bounded_aggregate
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from dpsql.accountant.ledger import LedgerEntry
     from dpsql.engine.planner import QueryPlan
     from dpsql.engine.results import QueryResult
@@ -39,6 +40,7 @@ __all__ = [
     "answer",
     "bounded_sql",
     "read",
+    "read_rows",
     "release",
     "reporting",
 ]
@@ -101,6 +103,12 @@ def read(context: ReleaseContext, sql: str, stage: str = READING_DATA) -> pd.Dat
     if progress is None:
         return context.backend.run(sql)
     return context.backend.run(sql, progress=progress)
+
+
+def read_rows(context: ReleaseContext, sql: str, stage: str = READING_DATA) -> Rows:
+    """The backend's rows for generated ``sql`` whose result is small (an aggregated answer),
+    as Python values (``dpsql.engine.backends.rows_of``), reported as ``read`` reports."""
+    return rows_of(context.backend, sql, reporting(context, stage))
 
 
 def reporting(context: ReleaseContext, stage: str) -> Progress | None:

@@ -5,10 +5,12 @@ from __future__ import annotations
 import csv
 import io
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pandas as pd
 from pydantic import BaseModel, ConfigDict, PrivateAttr
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = [
     "LEDGER_COLUMNS",
@@ -158,6 +160,7 @@ class QueryResult(BaseModel):
 
     def to_pandas(self, *, intervals: bool = False) -> pd.DataFrame:
         """The rows as a DataFrame; with ``intervals=True`` also ``<col>_low``/``<col>_high``."""
+        import pandas as pd
         frame = pd.DataFrame(self.rows, columns=self.columns)
         if intervals:
             for name, pairs in self.intervals.items():
@@ -172,8 +175,15 @@ class QueryResult(BaseModel):
             columns.append(name)
             if name in self.intervals:
                 columns += [f"{name}_low", f"{name}_high"]
-        frame = self.to_pandas(intervals=True)
-        return columns, frame[columns].astype(object).values.tolist()
+        rows = []
+        for index, row in enumerate(self.rows):
+            cells: list[Any] = []
+            for name, value in zip(self.columns, row, strict=True):
+                cells.append(value)
+                if name in self.intervals:
+                    cells += self.intervals[name][index]
+            rows.append(cells)
+        return columns, rows
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> QueryResult:

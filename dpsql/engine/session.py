@@ -28,8 +28,6 @@ from dpsql.engine.answers import (
 from dpsql.engine.backends import Backend, DuckDBBackend
 from dpsql.engine.calendars import calendar_bounds
 from dpsql.engine.choices import DEFAULT_EXPECTED_QUERIES
-from dpsql.engine.contributions import contribution_answer, plan_contributions
-from dpsql.engine.derived import post_processed
 from dpsql.engine.literals import Binder
 from dpsql.engine.planner import (
     QueryPlan,
@@ -40,9 +38,9 @@ from dpsql.engine.progress import (
     Progress,
 )
 from dpsql.engine.query import (
+    BoundQueries,
     BoundQuery,
     after_charge,
-    bind,
     check_ranges,
     planner,
     resolve_budget,
@@ -67,6 +65,7 @@ from dpsql.errors import (
 )
 from dpsql.mechanisms.combined import CombinedRelease
 from dpsql.mechanisms.random import session_generator
+from dpsql.memo import Kept
 from dpsql.sql.expressions import explained
 from dpsql.sql.generate import (
     contribution_profile,
@@ -216,6 +215,11 @@ class Session:
             raise PolicyError(f"analyst {analyst!r} has no allocation in the policy")
         self.progress = progress
         self.binder = Binder(self.backend, self.backend.catalog())
+        self._bound = BoundQueries()
+        self._priced: Kept[QueryPlan] = Kept()
+        """Plans of bound queries asked again with the same arguments under the same policy
+        (a plan is a function of those alone), and their summaries (``Kept``)."""
+        self._shown: Kept[dict[str, Any]] = Kept()
         # Released answers and synopses live in the ledger file too: opened once per session,
         # not once per query.
         self._results = ResultStore(ledger_path(database))
@@ -256,8 +260,10 @@ class Session:
         return self.policy
 
     def bind(self, sql: str, dialect: str | None = None) -> BoundQuery:
-        """``sql`` checked and bound under the policy in force (``dpsql.engine.query.bind``)."""
-        return bind(
+        """``sql`` checked and bound under the policy in force (``dpsql.engine.query.bind``); a
+        text bound before under the same policy and catalog is not bound again
+        (``dpsql.engine.query.BoundQueries``)."""
+        return self._bound.bound(
             sql,
             dialect=dialect or self.dialect,
             policy=self.refresh_policy(),
@@ -287,6 +293,14 @@ class Session:
         max_answers: int | None,
         accuracy: float | None,
     ) -> QueryPlan:
+        asked = (epsilon, delta, mechanism, max_answers, accuracy)
+        return self._priced.get(
+            (query, self.policy, *asked), lambda: self._plan_now(query, *asked)
+        )
+
+    def _plan_now(self, query: BoundQuery, *asked: Any) -> QueryPlan:
+        """``_plan`` computed (``asked``: its arguments after the query, in order)."""
+        epsilon, delta, mechanism, max_answers, accuracy = asked
         shape, policy = query.bound.shape, query.policy
         check_ranges(shape, policy, self.backend)
         budget = resolve_budget(
@@ -416,7 +430,9 @@ class Session:
                 return answered
         plan = self._plan(shaped, epsilon, delta, mechanism, max_answers, accuracy)
         plan = with_key_hash_seed(plan, self.rng)
-        shown = summary(plan, shaped.bound.shape, accuracy)
+        shown = self._shown.get(
+            (plan, accuracy), lambda: summary(plan, shaped.bound.shape, accuracy)
+        )
         entry = self.ledger_store.charge(
             analyst=self.analyst,
             event=plan.event,
@@ -432,8 +448,11 @@ class Session:
             if "accuracy" in shown:
                 details = {**result.details, "accuracy": shown["accuracy"]}
                 result = result.model_copy(update={"details": details})
-            released = result if post is None else post_processed(result, post, plan)
-            return self._kept(released.clamped())
+            if post is not None:
+                from dpsql.engine.derived import post_processed  # a post-processed query only
+
+                result = post_processed(result, post, plan)
+            return self._kept(result.clamped())
 
         return after_charge(released)
 
@@ -536,6 +555,8 @@ class Session:
         person's rows, groups and largest group, and the smallest powers of two covering
         ``coverage`` of the persons in ``details["suggested"]``). Charged like any query, at
         ``epsilon`` (default ``contributions.DEFAULT_EPSILON`` = 0.1)."""
+        from dpsql.engine.contributions import contribution_answer, plan_contributions
+
         plan = plan_contributions(
             self.refresh_policy(),
             visible_catalog(self.backend, self.policy),

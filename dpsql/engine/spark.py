@@ -33,13 +33,14 @@ import importlib.util
 import os
 import shutil
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pandas as pd
 from sqlglot import exp
 
+from dpsql.engine.backends import Rows
 from dpsql.engine.policy import Policy
 from dpsql.engine.progress import READING_DATA, Progress
 from dpsql.engine.sources import FileSource, file_source, policy_sources
@@ -47,6 +48,8 @@ from dpsql.errors import FAILED_AFTER_CHARGE, ExecutionError, ParameterError
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
+
+T = TypeVar("T")
 
 __all__ = ["SparkBackend", "local_spark", "spark_type_name", "spark_unavailable"]
 
@@ -218,20 +221,32 @@ class SparkBackend:
         """Run generated SQL; with ``progress``, report "reading data" as unknown (``None``)
         until Spark returns, then 1.0 (Spark's stage counts do not add up to a fraction of a
         whole SQL query)."""
+        return self._read(sql, progress, lambda result: result.toPandas())
+
+    def rows(self, sql: str, progress: Progress | None = None) -> Rows:
+        """Run generated SQL whose result is small (an aggregated answer) and return its rows
+        (``collect``: no pandas), reporting progress as ``run`` does."""
+        return self._read(
+            sql,
+            progress,
+            lambda result: Rows(tuple(result.columns), [tuple(row) for row in result.collect()]),
+        )
+
+    def _read(self, sql: str, progress: Progress | None, read: Callable[[DataFrame], T]) -> T:
         if progress is not None:
             progress(READING_DATA, None)
-        frame = None
+        out = None
         try:
             with _quiet_pyspark():
-                frame = self.spark.sql(sql).toPandas()
+                out = read(self.spark.sql(sql))
         except Exception:
             pass
-        if frame is None:
+        if out is None:
             # Spark's messages may quote row values: one message, no exception chain.
             raise ExecutionError(FAILED_AFTER_CHARGE)
         if progress is not None:
             progress(READING_DATA, 1.0)
-        return frame
+        return out
 
     def close(self) -> None:
         for name in self._frames:

@@ -38,10 +38,9 @@ import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
-import pandas as pd
 from sqlglot import exp
 
 from dpsql.accountant.events import MechanismEvent
@@ -51,6 +50,9 @@ from dpsql.errors import LedgerError, ParameterError, PrivacyError
 from dpsql.mechanisms.hierarchical import choose_branching
 from dpsql.mechanisms.svt import plan as svt_plan
 from dpsql.sql.shape import AggregateKind, ColumnKind, QueryShape
+
+if TYPE_CHECKING:
+    pass
 
 __all__ = [
     "MAX_CELLS",
@@ -546,6 +548,7 @@ def _resolved(
         row = converter.run(f"SELECT {ends}, TRY_CAST({step} AS BIGINT)").iloc[0]
     except Exception as error:  # the bounds and width are the caller's literals, not data
         raise ParameterError(f"stream column {name!r}: bad bounds or width ({error})") from None
+    import pandas as pd
     low_ticks, high_ticks, ticks = (None if pd.isna(v) else int(v) for v in row)
     if ticks is None or ticks < 1:
         raise ParameterError(

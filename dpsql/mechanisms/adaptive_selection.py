@@ -43,9 +43,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import lru_cache
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from dpsql.errors import ParameterError
 from dpsql.mechanisms import discrete_gaussian as dg
@@ -59,15 +59,22 @@ from dpsql.mechanisms.threshold import (
     _unique,
 )
 
+if TYPE_CHECKING:
+    pass
+
 __all__ = [
     "DEFAULT_FIRST_DELTA_SHARE",
     "DEFAULT_FIRST_SHARE",
+    "DEFAULT_SELECTION_SHARE",
     "AdaptivePlan",
     "SecondRound",
     "plan",
     "release",
     "second_round_weights",
 ]
+
+DEFAULT_SELECTION_SHARE = ws.DEFAULT_SELECTION_SHARE
+"""Share of ρ spent on both rounds' selection (weighted selection's); the counts get the rest."""
 
 DEFAULT_FIRST_SHARE = 0.06
 """Share of the selection's ρ spent on round 1 (finding the keys far above any threshold)."""
@@ -97,6 +104,15 @@ class AdaptivePlan(ws.WeightedPlan):
     @property
     def first_sigma(self) -> float:
         return float(self.first_sigma_squared) ** 0.5
+
+    def release_probability(self, persons: int, keys_each: int = 1) -> float:
+        """``P`` that a key of ``persons`` persons with ``keys_each`` kept keys each is released
+        by either round, when round 1 releases none of their other keys (round 2 then weighs
+        the key as round 1 did; the rounds' noises are independent)."""
+        weight = self.weights[min(keys_each, len(self.weights)) - 1]
+        first = dg.tail_at_least(self.first_tau - persons * weight, self.first_sigma_squared)
+        second = dg.tail_at_least(self.tau - persons * weight, self.selection_sigma_squared)
+        return 1.0 - (1.0 - first) * (1.0 - second)
 
 
 def _rho(sigma_squared: Fraction) -> float:
@@ -201,6 +217,7 @@ def release(
     # post-processing of both rounds' outputs.
     second = second[~_within(second, first)]
     selected = np.concatenate([first, second])
+    import pandas as pd
     position = pd.Index(key_array).get_indexer(selected)
     true = np.zeros(selected.size, dtype=np.int64)
     true[position >= 0] = count_array[position[position >= 0]]
@@ -219,6 +236,7 @@ def release(
 
 def _within(values: np.ndarray, of: np.ndarray) -> np.ndarray:
     """Membership by hashing (``np.isin`` on object arrays is quadratic-ish)."""
+    import pandas as pd
     return pd.Index(of).get_indexer(values) >= 0 if of.size else np.zeros(values.size, bool)
 
 
@@ -238,6 +256,7 @@ def second_round_weights(
     unit_array, key_array = unit_array[keep], key_array[keep]
     if not key_array.size:
         return key_array, np.zeros(0, dtype=np.int64)
+    import pandas as pd
     unit_index, unit_values = pd.factorize(unit_array)
     per_unit = np.bincount(unit_index, minlength=unit_values.size)
     if per_unit.max() > len(weights):

@@ -41,9 +41,9 @@ import math
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from dpsql.errors import ParameterError
 from dpsql.mechanisms.hashing import (
@@ -63,6 +63,9 @@ from dpsql.mechanisms.hashing import (
 )
 from dpsql.mechanisms.laplace import noise_scale, sample_discrete_laplace
 from dpsql.mechanisms.random import resolve_rng
+
+if TYPE_CHECKING:
+    pass
 
 __all__ = [
     "DEFAULT_ALPHA",
@@ -195,6 +198,7 @@ def _value_array(values: object, size: int) -> np.ndarray:
 
 
 def _check_unique(kind: KeyKind, keys: np.ndarray, key_hashes: np.ndarray) -> None:
+    import pandas as pd
     if pd.Index(key_hashes).is_unique:
         return
     if kind == "int" or not pd.Index(keys).is_unique:

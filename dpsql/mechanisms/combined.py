@@ -21,9 +21,9 @@ import struct
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from dpsql.errors import ParameterError
 from dpsql.mechanisms import alp, threshold
@@ -37,6 +37,9 @@ from dpsql.mechanisms.hashing import (
 )
 from dpsql.mechanisms.laplace import interval_half_width
 from dpsql.mechanisms.random import resolve_rng
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["DEFAULT_SPLIT", "Answer", "CombinedRelease", "release"]
 
@@ -81,6 +84,7 @@ class CombinedRelease:
 
     @cached_property
     def _released_index(self) -> pd.Index:
+        import pandas as pd
         return pd.Index(self.threshold.keys)
 
     def _positions(self, kind: str, keys: np.ndarray) -> np.ndarray:
@@ -245,6 +249,7 @@ def release(
         rng=rng,
     )
     released = heavy.keys if heavy.key_kind == "hash" else hash_keys(heavy.keys, seed)
+    import pandas as pd
     rest = ~pd.Series(key_hashes, copy=False).isin(released).to_numpy()
     values = np.asarray(counts)
     if values.ndim != 1 or values.size != key_array.size:

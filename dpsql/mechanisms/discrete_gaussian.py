@@ -42,6 +42,7 @@ from dpsql.mechanisms.random import resolve_rng
 
 __all__ = [
     "MAX_SIGMA_SQUARED",
+    "expected_abs",
     "interval_half_width",
     "quantised",
     "sample_discrete_gaussian",
@@ -208,6 +209,22 @@ def interval_half_width(sigma_squared: Fraction | int, confidence: float = 0.95)
     while k > 0 and 2.0 * tail_at_least(k, sigma2) <= 1.0 - confidence:
         k -= 1
     return k
+
+
+@lru_cache(maxsize=256)
+def expected_abs(sigma_squared: Fraction | int) -> float:
+    """``E|Z|`` for ``Z ~ N_Z(0, σ²)`` (the mean absolute error a noisy count carries), summed
+    over the window of the tails; about ``σ·√(2/π)`` for large σ.
+
+    >>> round(expected_abs(Fraction(100)), 2)
+    7.97
+    """
+    sigma2 = _sigma_squared(sigma_squared)
+    s2 = float(sigma2)
+    z = np.arange(1, math.ceil(12.0 * math.sqrt(s2)) + 64, dtype=np.float64)
+    return 2.0 * float((z * np.exp(-(z * z) / (2.0 * s2))).sum()) / math.exp(
+        _log_normaliser(sigma2)
+    )
 
 
 _ORDERS = 1.0 + np.exp(np.linspace(math.log(1e-4), math.log(1e5), 6001))

@@ -31,12 +31,14 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
 from numbers import Real
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
-import pandas as pd
 
 from dpsql.errors import ParameterError
+
+if TYPE_CHECKING:
+    pass
 
 __all__ = [
     "KEY_HASH_SCHEME",
@@ -117,6 +119,7 @@ def as_key_array(keys: object, name: str = "keys") -> tuple[KeyKind, np.ndarray]
     if kind in "iu":
         return "int", array if array.dtype in (np.int64, np.uint64) else array.astype(np.int64)
     if kind == "O":
+        import pandas as pd
         inferred = pd.api.types.infer_dtype(array, skipna=False)
         if inferred in ("string", "empty"):
             return "str", array
@@ -142,6 +145,7 @@ def hash_keys(keys: object, seed: int) -> np.ndarray:
     if kind == "str":
         if array.size == 0:
             return np.empty(0, dtype=np.uint64)
+        import pandas as pd
         return pd.util.hash_array(
             array, encoding="utf8", hash_key=f"{key_seed:016x}", categorize=False
         )

@@ -37,6 +37,7 @@ discrete Laplace output mapped through one fixed function (post-processing).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -52,6 +53,7 @@ __all__ = [
     "MAX_SCALE",
     "NoisyRelease",
     "choose_grid",
+    "expected_abs",
     "interval_half_width",
     "noise_scale",
     "release_counts",
@@ -105,6 +107,7 @@ def _confidence(confidence: float) -> float:
     return float(confidence)
 
 
+@functools.lru_cache(maxsize=1024, typed=True)
 def noise_scale(sensitivity: float, epsilon: float) -> Fraction:
     """The smallest multiple of ``2**-k`` that is ``>= sensitivity / epsilon`` (exact rationals).
 
@@ -247,6 +250,17 @@ def interval_half_width(scale: Fraction, confidence: float = 0.95) -> int:
     a = math.exp(-1.0 / scale_value)
     bound = scale_value * (math.log(2.0) - math.log1p(a) - math.log1p(-confidence))
     return max(0, math.ceil(bound * (1.0 + 1e-12)) - 1)
+
+
+def expected_abs(scale: Fraction) -> float:
+    """``E|X|`` for discrete Laplace(``scale``): ``2a / (1 - a²)``, ``a = exp(-1/scale)`` (the
+    mean absolute error a noisy count carries).
+
+    >>> round(expected_abs(Fraction(10)), 2)
+    9.98
+    """
+    a = math.exp(-1.0 / float(_positive_finite("scale", scale)))
+    return 2.0 * a / -math.expm1(2.0 * math.log(a))
 
 
 MAX_GRID = 2.0**970

@@ -40,9 +40,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from dpsql.errors import ParameterError
 from dpsql.mechanisms.hashing import (
@@ -59,6 +59,9 @@ from dpsql.mechanisms.hashing import (
 )
 from dpsql.mechanisms.laplace import interval_half_width, noise_scale, sample_discrete_laplace
 from dpsql.mechanisms.random import resolve_rng
+
+if TYPE_CHECKING:
+    pass
 
 __all__ = [
     "MAX_EXPECTED_FALSE_POSITIVES",
@@ -586,6 +589,7 @@ def _release_approximate(
 def _unique(values: np.ndarray) -> bool:
     # dtype=object keeps pandas from converting strings to its Arrow string type first (2x).
     dtype = object if values.dtype == object else None
+    import pandas as pd
     return bool(pd.Index(values, dtype=dtype).is_unique)
 
 
@@ -617,6 +621,7 @@ def _domain_positions(
             raise ParameterError("key_hashes must have one hash per key")
     if _unique(positions):
         return positions, counts
+    import pandas as pd
     if kind == "int" or not pd.Index(keys).is_unique:
         raise ParameterError("keys must be distinct (aggregate counts per key first)")
     positions, inverse = np.unique(positions, return_inverse=True)
@@ -669,6 +674,7 @@ def _release_pure(
     candidates = _distinct_positions(
         domain.size, _binomial(domain.size, rule.release_probability(0), rng), rng
     )
+    import pandas as pd
     candidates = candidates[~pd.Series(candidates, copy=False).isin(positions).to_numpy()]
     out_positions = np.concatenate([positions[kept], candidates])
     out_values = np.concatenate([noisy[kept], _tail_values(tau, candidates.size, scale, rng)])

@@ -55,6 +55,7 @@ from dpsql.mechanisms.threshold import (
 __all__ = [
     "DEFAULT_SELECTION_SHARE",
     "WEIGHT_SCALE",
+    "RhoSplit",
     "WeightedPlan",
     "plan",
     "release",
@@ -142,20 +143,73 @@ class WeightedPlan:
     def selection_sigma(self) -> float:
         return math.sqrt(float(self.selection_sigma_squared))
 
-    def persons_released_with_probability(self, probability: float) -> int:
-        """The fewest persons with one key each whose key is released with ``probability``."""
-        weight = self.weights[0]
+    def release_probability(self, persons: int, keys_each: int = 1) -> float:
+        """``P`` that a key of ``persons`` persons with ``keys_each`` kept keys each is
+        selected."""
+        weight = self.weights[min(keys_each, len(self.weights)) - 1]
+        return dg.tail_at_least(self.tau - persons * weight, self.selection_sigma_squared)
+
+    def persons_released_with_probability(self, probability: float, keys_each: int = 1) -> int:
+        """The fewest persons with ``keys_each`` keys each whose key is released with at least
+        ``probability``."""
+        weight = self.weights[min(keys_each, len(self.weights)) - 1]
         persons = max(1, math.ceil(self.tau / weight) - 1)
-        while dg.tail_at_least(self.tau - persons * weight, self.selection_sigma_squared) < (
-            probability
-        ):
+        while self.release_probability(persons, keys_each) < probability:
             persons += 1
+        while persons > 1 and self.release_probability(persons - 1, keys_each) >= probability:
+            persons -= 1
         return persons
 
     def units_needed(self, keys_per_unit: int) -> float:
         """Units with ``keys_per_unit`` keys each that give a key weight τ (released half the
         time)."""
         return self.tau / self.weights[min(keys_per_unit, len(self.weights)) - 1]
+
+
+@dataclass(frozen=True)
+class RhoSplit:
+    """The zCDP budget ρ split between weights (``share``, L2 norm at most W) and counts (L2
+    sensitivity ``√count_l2_squared``), as noise variances and the δ they spend at ε."""
+
+    epsilon: float
+    share: float
+    count_l2_squared: float
+
+    def sigmas(self, rho: float) -> tuple[Fraction, Fraction]:
+        """σ² of the weights and of the counts (rounded up) at ``rho``."""
+        return (
+            dg.quantised(WEIGHT_SCALE**2 / (2.0 * self.share * rho)),
+            dg.quantised(self.count_l2_squared / (2.0 * (1.0 - self.share) * rho)),
+        )
+
+    def spent(self, rho: float) -> float:
+        """``δ_noise`` of both noises at ε (1 when a σ² is beyond the sampler)."""
+        selection, count = self.sigmas(rho)
+        if max(selection, count) > dg.MAX_SIGMA_SQUARED:
+            return 1.0
+        total = _rho(selection, WEIGHT_SCALE**2) + _rho(count, self.count_l2_squared)
+        return dg.zcdp_delta(total, self.epsilon)
+
+    def largest_rho(self, noise: float) -> float | None:
+        """The largest ρ (to a relative 1e-4) whose ``δ_noise`` is below ``noise``, by
+        bisection from the smallest ρ whose σ²'s are sampled; None when even that spends it."""
+        low = (
+            1.01
+            * max(WEIGHT_SCALE**2 / self.share, self.count_l2_squared / (1.0 - self.share))
+            / (2.0 * dg.MAX_SIGMA_SQUARED)
+        )
+        high = 1e3
+        if self.spent(low) >= noise:
+            return None
+        for _ in range(200):
+            middle = math.sqrt(low * high)
+            if self.spent(middle) < noise:
+                low = middle
+            else:
+                high = middle
+            if high / low < 1.0001:
+                break
+        return low
 
 
 def _rho(sigma_squared: Fraction, sensitivity_squared: float) -> float:
@@ -181,36 +235,11 @@ def plan(
     weights = unit_weights(bounds.new_keys)
     count_l2_squared = float(bounds.per_key * bounds.l1)
 
-    def sigmas(rho: float) -> tuple[Fraction, Fraction]:
-        return (
-            dg.quantised(WEIGHT_SCALE**2 / (2.0 * share * rho)),
-            dg.quantised(count_l2_squared / (2.0 * (1.0 - share) * rho)),
-        )
-
-    def spent(rho: float) -> float:
-        selection, count = sigmas(rho)
-        if max(selection, count) > dg.MAX_SIGMA_SQUARED:
-            return 1.0
-        total = _rho(selection, WEIGHT_SCALE**2) + _rho(count, count_l2_squared)
-        return dg.zcdp_delta(total, epsilon)
-
-    # Bisection for the largest ρ with δ_noise < δ, from the smallest ρ whose σ²'s are sampled.
-    low = (
-        1.01
-        * max(WEIGHT_SCALE**2 / share, count_l2_squared / (1.0 - share))
-        / (2.0 * dg.MAX_SIGMA_SQUARED)
-    )
-    high = 1e3
-    if spent(low) >= delta:
+    split = RhoSplit(epsilon, share, count_l2_squared)
+    low = split.largest_rho(delta)
+    if low is None:
         return None
-    for _ in range(200):
-        middle = math.sqrt(low * high)
-        if spent(middle) < delta:
-            low = middle
-        else:
-            high = middle
-        if high / low < 1.0001:
-            break
+    sigmas, spent = split.sigmas, split.spent
     best: WeightedPlan | None = None
     for factor in np.geomspace(1.0, 0.4, _GRID):
         selection, count = sigmas(low * float(factor))
@@ -309,14 +338,18 @@ def counted(
     confidence: float,
     mechanism: str,
     rng: np.random.Generator,
+    noisy: bool = False,
 ) -> ThresholdRelease:
     """The selected ``keys`` in random order, with their bounded ``counts`` released separately
-    under discrete Gaussian noise of variance ``chosen.count_sigma_squared``."""
-    order = rng.permutation(keys.size)
-    noise = dg.sample_discrete_gaussian(chosen.count_sigma_squared, keys.size, rng)
+    under discrete Gaussian noise of variance ``chosen.count_sigma_squared``; with ``noisy``,
+    ``counts`` are noisy already and ``keys`` in random order (joint selection's)."""
+    if not noisy:
+        order = rng.permutation(keys.size)
+        noise = dg.sample_discrete_gaussian(chosen.count_sigma_squared, keys.size, rng)
+        keys, counts = keys[order], counts[order] + noise
     return ThresholdRelease(
-        keys=keys[order],
-        values=np.clip(counts[order] + noise, -_EXACT_LIMIT, _EXACT_LIMIT),
+        keys=keys,
+        values=np.clip(counts, -_EXACT_LIMIT, _EXACT_LIMIT),
         tau=chosen.tau,
         scale=chosen.scale,
         epsilon=float(epsilon),

@@ -24,6 +24,7 @@ the output is ``min(max_groups_per_unit * max_rows_per_group, max_rows_per_unit)
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
@@ -33,6 +34,7 @@ from enum import Enum
 import sqlglot
 from sqlglot import exp
 
+from dpsql.memo import Kept
 from dpsql.sql.shape import ColumnKind, QueryShape
 
 __all__ = [
@@ -113,10 +115,15 @@ def _in_dialect(sql: str, dialect: str) -> str:
 
 
 def identifier(name: str) -> str:
-    """``name`` as a quoted DuckDB identifier."""
-    return exp.to_identifier(name, quoted=True).sql(dialect="duckdb")
+    """``name`` as a quoted DuckDB identifier (what sqlglot writes: inner quotes doubled).
+
+    >>> identifier('we"ird')
+    '"we""ird"'
+    """
+    return '"' + name.replace('"', '""') + '"'
 
 
+@functools.lru_cache(maxsize=1024)
 def _number(value: float) -> str:
     return exp.Literal.number(repr(float(value))).sql(dialect="duckdb")
 
@@ -291,6 +298,11 @@ def shape_rows(shape: QueryShape, unit: str, partition: str | None = None) -> st
     return private_rows(shape.table, unit, partition, relation=relation)
 
 
+_KEPT: Kept[str] = Kept(128)
+"""SQL of the WHERE clause and of public key lists: the same objects each time a bound query is
+asked again."""
+
+
 def scoped(where: exp.Expression, table: str, unit: str) -> str:
     """``where`` (DuckDB SQL) with every read of private ``table`` inside it (the subquery of a
     person-level filter ``unit IN (SELECT unit FROM table WHERE ...)``) reading
@@ -302,6 +314,10 @@ def scoped(where: exp.Expression, table: str, unit: str) -> str:
     >>> scoped(w.this, "t", "u")
     'NOT u IN (SELECT u FROM (SELECT * FROM "t" WHERE NOT "u" IS NULL) AS "t")'
     """
+    return _KEPT.get((where, table, unit), lambda: _scoped(where, table, unit))
+
+
+def _scoped(where: exp.Expression, table: str, unit: str) -> str:
     if where.find(exp.From, exp.Table) is None:  # no subquery reads a table: nothing to scope
         return where.sql(dialect="duckdb")
     rows = sqlglot.parse_one(f"SELECT * FROM {private_rows(table, unit)}", read="duckdb")
@@ -323,6 +339,11 @@ def scoped(where: exp.Expression, table: str, unit: str) -> str:
     return where.copy().transform(replace).sql(dialect="duckdb")
 
 
+def _key_list(keys: Sequence[exp.Expression]) -> str:
+    """Public keys as a list of SQL literals (kept for the same key objects)."""
+    return _KEPT.get((keys,), lambda: ", ".join(v.sql(dialect="duckdb") for v in keys))
+
+
 def bounded_aggregate(
     shape: QueryShape,
     *,
@@ -334,6 +355,7 @@ def bounded_aggregate(
     weights: Sequence[int] | None = None,
     histogram: Histogram | None = None,
     cells_table: str | None = None,
+    rank_every_unit: bool = False,
 ) -> str:
     """SQL returning one row per non-empty group: the group columns, then one column per measure.
 
@@ -355,8 +377,12 @@ def bounded_aggregate(
     With ``cells_table`` (a table holding what :func:`ranked_cells` selects for the same
     arguments and salt), the same aggregation reads the ranked cells from that table instead of
     computing them: the same rows, so the same result.
+
+    Only units over a contribution bound are put in their salted order (``_ranking``);
+    ``rank_every_unit`` ranks every unit as the engine once did (the same result, slower: kept
+    for the property test and the benchmark that compare the two).
     """
-    chain = _chain(shape, measures, bounds, public_keys, salt, weights, histogram)
+    chain = _chain(shape, measures, bounds, public_keys, salt, weights, histogram, rank_every_unit)
     ctes, previous, kept, keys = chain.ctes, chain.previous, chain.kept, chain.keys
     cells_of = chain.cells_of
     if cells_table is not None:
@@ -407,6 +433,7 @@ def ranked_cells(
     salt: int,
     weights: Sequence[int],
     dialect: str = "duckdb",
+    rank_every_unit: bool = False,
 ) -> str:
     """SQL selecting every (unit, group) cell of :func:`bounded_aggregate` (same arguments, same
     salt) before the cut to ``max_groups_per_unit``: ``__unit``, the group columns
@@ -415,7 +442,7 @@ def ranked_cells(
     per-unit row bound can bind, ``__rows_through``. Materialised once, it serves
     ``bounded_aggregate(..., cells_table=...)`` and the adaptive selection's round 2
     (``dpsql.sql.exclusion.second_round_weights``) without reading the rows again."""
-    chain = _chain(shape, measures, bounds, public_keys, salt, weights, None)
+    chain = _chain(shape, measures, bounds, public_keys, salt, weights, None, rank_every_unit)
     assert chain.ranked and weights, "only a ranked aggregation with weights has ranked cells"
     return _in_dialect(f"WITH {', '.join(chain.ctes)} SELECT * FROM ranked", dialect)
 
@@ -459,6 +486,7 @@ def _chain(
     salt: int,
     weights: Sequence[int] | None,
     histogram: Histogram | None,
+    rank_every_unit: bool = False,
 ) -> _Chain:
     keys = [f"__key{i}" for i in range(len(shape.group_by))]
     select = [f"{identifier(bounds.unit)} AS __unit"]
@@ -479,8 +507,7 @@ def _chain(
         conditions.append(f"({scoped(shape.where, shape.table, bounds.unit)})")
     for column in shape.group_by:
         if column in public_keys:
-            values = ", ".join(v.sql(dialect="duckdb") for v in public_keys[column])
-            conditions.append(f"{identifier(column)} IN ({values})")
+            conditions.append(f"{identifier(column)} IN ({_key_list(public_keys[column])})")
         else:
             conditions.append(f"{identifier(column)} IS NOT NULL")
     where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
@@ -528,62 +555,10 @@ def _chain(
         bounds.max_rows_per_unit < min(domain, bounds.max_groups_per_unit) * per_group
     )
     if rank_groups or cap_unit:
-        # A unit's cells in salted (unit, key) order: the first max_groups_per_unit are kept, and
-        # rows' worth is handed out in that order until max_rows_per_unit is used up.
-        key_list = ", ".join(keys)
-        unit_kind = shape.columns[bounds.unit]
-        key_kinds = [shape.columns[c] for c in shape.group_by]
-        # The window carries only what the final aggregation reads (the sort moves every column).
-        carried = ["__unit", *keys, "__rows", *cells_of.values()]
-        ordered = "cells"
-        if _integral(key_kinds):
-            key_code = _key_code(keys, key_kinds, salt)
-        else:
-            # MD5 once per distinct key, read as an integer code (of the key alone), joined on.
-            digests = f"SELECT {key_list}, {_md5(salt, 'key', keys)} AS __keydigest FROM "
-            ctes.append(
-                f"key_codes AS (SELECT {key_list}, {_hex_code('__keydigest')} AS __keycode "
-                f"FROM ({digests}(SELECT DISTINCT {key_list} FROM cells) AS __keys) "
-                "AS __digests)"
-            )
-            on = " AND ".join(f"cells.{k} = key_codes.{k}" for k in keys)
-            ctes.append(
-                f"coded AS (SELECT cells.*, key_codes.__keycode FROM cells JOIN key_codes ON {on})"
-            )
-            carried.append("__keycode")
-            key_code, ordered = "__keycode", "coded"
-        if _integral([unit_kind]):
-            unit_code = _integer_code("__unit", unit_kind)
-        else:
-            ctes.append(
-                f"digested AS (SELECT {', '.join(carried)}, "
-                f"{_md5(salt, 'unit', ['__unit'])} AS __unitdigest FROM {ordered})"
-            )
-            carried.append("__unitdigest")
-            unit_code, ordered = _hex_code("__unitdigest"), "digested"
-        steps, order = _salted_order(unit_code, key_code, salt)
-        for index, step in enumerate(steps):
-            ctes.append(
-                f"mixed{index} AS (SELECT {', '.join(carried)}, {step} AS __mix FROM {ordered})"
-            )
-            ordered = f"mixed{index}"
-        # The order as a column of its own: sorting on a column, not on an expression inside the
-        # window, made DuckDB's ranking 10-15% faster at 10M cells (docs/partition_selection.md).
-        ctes.append(f"salted AS (SELECT {', '.join(carried)}, {order} AS __order FROM {ordered})")
-        ordered = "salted"
-        order_by = f"PARTITION BY __unit ORDER BY __order, {key_list}"
-        columns = ", ".join(["__unit", *keys, "__rows", *cells_of.values()])
-        # One sort of every unit's cells: splitting off the units that cannot exceed a bound
-        # costs a second pass and a join, which is slower whenever many units do exceed one.
-        ranking = [f"ROW_NUMBER() OVER ({order_by}) AS __group_rank"]
-        if weights:
-            ranking.append("COUNT(*) OVER (PARTITION BY __unit) AS __unit_keys")
-        if cap_unit:
-            ranking.append(
-                f"SUM({kept}) OVER ({order_by} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) "
-                "AS __rows_through"
-            )
-        ctes.append(f"ranked AS (SELECT {columns}, {', '.join(ranking)} FROM {ordered})")
+        _ranking(
+            shape, bounds, salt, keys, cells_of, ctes, kept,
+            weights=bool(weights), cap_unit=cap_unit, every_unit=rank_every_unit,
+        )  # fmt: skip
         previous = f"ranked WHERE __group_rank <= {int(bounds.max_groups_per_unit)}"
         if cap_unit:
             before = f"(__rows_through - {kept})"
@@ -597,6 +572,119 @@ def _chain(
         rank_groups or cap_unit,
         int(bounds.max_groups_per_unit),
     )
+
+
+def _ranking(
+    shape: QueryShape,
+    bounds: Bounds,
+    salt: int,
+    keys: list[str],
+    cells_of: dict[int, str],
+    ctes: list[str],
+    kept: str,
+    *,
+    weights: bool,
+    cap_unit: bool,
+    every_unit: bool,
+) -> None:
+    """Append the CTEs ending in ``ranked``: every cell with its place ``__group_rank`` in its
+    unit's salted order of (unit, key), with ``weights`` its unit's number of cells
+    ``__unit_keys`` and, when the per-unit row bound can bind, ``__rows_through`` (its unit's
+    rows' worth up to and including it, in that order).
+
+    Only units over a bound are ranked: a unit with at most ``max_groups_per_unit`` cells (and,
+    when it can bind, at most ``max_rows_per_unit`` rows' worth in them) keeps every cell
+    whatever their order, so its cells get place 1 and ``__rows_through`` equal to their own
+    rows' worth (nothing before them is cut), which selects exactly what ranking them would:
+    the same kept cells, weights and rows' worth (a property test checks it against
+    ``every_unit``, which ranks every unit as before). Whether a unit is over a bound depends on
+    its own cells only. The salted order (and the MD5 codes of text keys and units) is then
+    computed for the cells of units over a bound only, which one aggregation per unit finds
+    (joined back to every cell when the weights need each unit's number of cells; else only
+    the units over a bound, usually few, are looked up). A window count per unit instead of
+    that aggregation was slower than ranking every unit (docs/partition_selection.md).
+    """
+    key_list = ", ".join(keys)
+    unit_kind = shape.columns[bounds.unit]
+    key_kinds = [shape.columns[c] for c in shape.group_by]
+    # The window carries only what the final aggregation reads (the sort moves every column).
+    carried = ["__unit", *keys, "__rows", *cells_of.values()]
+    bound = f"COUNT(*) > {int(bounds.max_groups_per_unit)}"
+    if cap_unit:
+        bound += f" OR SUM({kept}) > {int(bounds.max_rows_per_unit)}.0"
+    ordered, within = "cells", ""
+    if every_unit:
+        pass
+    elif weights:
+        # Every unit's number of cells (its weights), from one aggregation joined back.
+        ctes.append(
+            f"sizes AS (SELECT __unit AS __sized, COUNT(*) AS __unit_keys, ({bound}) AS __over "
+            "FROM cells GROUP BY __unit)"
+        )
+        ctes.append("sized AS (SELECT * FROM cells JOIN sizes ON __unit = __sized)")
+        ctes.append(f"over AS (SELECT {', '.join(carried)}, __unit_keys FROM sized WHERE __over)")
+        carried.append("__unit_keys")
+        ordered, within = "over", "sized WHERE NOT __over"
+    else:
+        # Only the units over a bound (usually few): the rest are kept whole.
+        ctes.append(f"over_units AS (SELECT __unit FROM cells GROUP BY __unit HAVING {bound})")
+        units_over = "__unit IN (SELECT __unit FROM over_units)"
+        ctes.append(f"over AS (SELECT {', '.join(carried)} FROM cells WHERE {units_over})")
+        ordered, within = "over", f"cells WHERE NOT ({units_over})"
+    if _integral(key_kinds):
+        key_code = _key_code(keys, key_kinds, salt)
+    else:
+        # MD5 once per distinct key, read as an integer code (of the key alone), joined on.
+        digests = f"SELECT {key_list}, {_md5(salt, 'key', keys)} AS __keydigest FROM "
+        ctes.append(
+            f"key_codes AS (SELECT {key_list}, {_hex_code('__keydigest')} AS __keycode "
+            f"FROM ({digests}(SELECT DISTINCT {key_list} FROM {ordered}) AS __keys) "
+            "AS __digests)"
+        )
+        on = " AND ".join(f"{ordered}.{k} = key_codes.{k}" for k in keys)
+        ctes.append(
+            f"coded AS (SELECT {ordered}.*, key_codes.__keycode FROM {ordered} "
+            f"JOIN key_codes ON {on})"
+        )
+        carried.append("__keycode")
+        key_code, ordered = "__keycode", "coded"
+    if _integral([unit_kind]):
+        unit_code = _integer_code("__unit", unit_kind)
+    else:
+        ctes.append(
+            f"digested AS (SELECT {', '.join(carried)}, "
+            f"{_md5(salt, 'unit', ['__unit'])} AS __unitdigest FROM {ordered})"
+        )
+        carried.append("__unitdigest")
+        unit_code, ordered = _hex_code("__unitdigest"), "digested"
+    steps, order = _salted_order(unit_code, key_code, salt)
+    for index, step in enumerate(steps):
+        ctes.append(
+            f"mixed{index} AS (SELECT {', '.join(carried)}, {step} AS __mix FROM {ordered})"
+        )
+        ordered = f"mixed{index}"
+    # The order as a column of its own: sorting on a column, not on an expression inside the
+    # window, made DuckDB's ranking 10-15% faster at 10M cells (docs/partition_selection.md).
+    ctes.append(f"salted AS (SELECT {', '.join(carried)}, {order} AS __order FROM {ordered})")
+    order_by = f"PARTITION BY __unit ORDER BY __order, {key_list}"
+    columns = ", ".join(["__unit", *keys, "__rows", *cells_of.values()])
+    ranks = [f"ROW_NUMBER() OVER ({order_by}) AS __group_rank"]
+    whole = ["1 AS __group_rank"]
+    if weights:
+        ranks.append(
+            "COUNT(*) OVER (PARTITION BY __unit) AS __unit_keys" if every_unit else "__unit_keys"
+        )
+        whole.append("__unit_keys")
+    if cap_unit:
+        ranks.append(
+            f"SUM({kept}) OVER ({order_by} ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) "
+            "AS __rows_through"
+        )
+        whole.append(f"{kept} AS __rows_through")
+    ranked = f"SELECT {columns}, {', '.join(ranks)} FROM salted"
+    if within:
+        ranked += f" UNION ALL SELECT {columns}, {', '.join(whole)} FROM {within}"
+    ctes.append(f"ranked AS ({ranked})")
 
 
 def _bin(histogram: Histogram) -> str:

@@ -36,6 +36,7 @@ OPTION_TYPES: Mapping[str, type] = {
     "mechanism": str,
     "max_answers": float,
     "selection_share": float,
+    "prefer": str,
     "accuracy": float,
     "confidence": float,
     "quantile_candidates": float,

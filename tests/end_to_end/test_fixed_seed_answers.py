@@ -77,7 +77,7 @@ QUERIES: dict[str, str] = {
     "mechanism='threshold_gaussian') url, COUNT(*) AS n FROM requests GROUP BY url",
     "weighted": "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, delta=1e-6, "
     "mechanism='weighted') url, COUNT(*) AS n FROM requests GROUP BY url",
-    "mad2r": "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, delta=1e-6) "
+    "mad2r": "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, delta=1e-6, mechanism='mad2r') "
     "url, COUNT(*) AS n FROM requests GROUP BY url",
     "alp": "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, delta=1e-8, mechanism='alp') "
     "url, COUNT(*) AS n FROM requests WHERE device = 'desktop' GROUP BY url",
@@ -90,6 +90,13 @@ QUERIES: dict[str, str] = {
     "(SELECT user_id FROM requests WHERE status = 500)",
     "accuracy": "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(accuracy=50) COUNT(*) AS n "
     "FROM requests WHERE country = 'DK'",
+    # Added last, so the queries above keep their seeds.
+    "default_keys": "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, delta=1e-6) "
+    "url, COUNT(*) AS n FROM requests GROUP BY url",
+    "joint": "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, delta=1e-6, mechanism='joint') "
+    "url, COUNT(*) AS n FROM requests GROUP BY url",
+    "prefer_keys": "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=1, delta=1e-6, "
+    "prefer='keys') url, COUNT(*) AS n FROM requests GROUP BY url",
 }
 
 

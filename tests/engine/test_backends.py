@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 
 import dpsql
-from dpsql.engine.backends import DuckDBBackend
+from dpsql.engine.backends import DuckDBBackend, ReadsRows, Rows, rows_of
 from dpsql.errors import FAILED_AFTER_CHARGE, ExecutionError, ParameterError
 from tests.engine.test_sources import EPSILON, set_policy_with
 
@@ -169,3 +169,41 @@ def test_scratch_tables_a_failed_drop_left_are_dropped_by_the_next_scratch() -> 
     finally:
         backend._connection = real
         backend.close()
+
+
+def test_rows_are_the_run_frames_values_without_a_frame() -> None:
+    backend = DuckDBBackend(None)
+    backend.register("orders", _orders())
+    sql = "SELECT shop, COUNT(*) AS n, SUM(customer) AS total FROM orders GROUP BY shop ORDER BY 1"
+    rows = backend.rows(sql)
+    frame = backend.run(sql)
+    assert rows.columns == ("shop", "n", "total") == tuple(frame.columns)
+    assert rows.data == list(frame.itertuples(index=False, name=None))
+    assert Rows.of_frame(frame) == rows
+    assert rows.column("n") == frame["n"].tolist()
+    empty = backend.rows("SELECT COUNT(*) AS n FROM orders WHERE false GROUP BY shop")
+    assert empty.columns == ("n",) and empty.data == []
+    with pytest.raises(ExecutionError) as caught:
+        backend.rows("SELECT CAST(shop AS INTEGER) FROM orders")  # fails on a row value
+    assert str(caught.value) == FAILED_AFTER_CHARGE and caught.value.__cause__ is None
+    assert caught.value.__context__ is None
+
+
+class _RunOnly:
+    """A backend written against ``run(sql)`` alone."""
+
+    dialect = "duckdb"
+
+    def __init__(self, inner: DuckDBBackend) -> None:
+        self.inner = inner
+
+    def run(self, sql: str) -> pd.DataFrame:
+        return self.inner.run(sql)
+
+
+def test_a_backend_without_rows_is_read_through_its_frames() -> None:
+    inner = DuckDBBackend(None)
+    inner.register("orders", _orders())
+    sql = "SELECT shop, COUNT(*) AS n FROM orders GROUP BY shop ORDER BY 1"
+    assert not isinstance(_RunOnly(inner), ReadsRows) and isinstance(inner, ReadsRows)
+    assert rows_of(_RunOnly(inner), sql) == rows_of(inner, sql)

@@ -99,9 +99,11 @@ def test_key_release_noise_scale_is_the_one_explained_and_recorded(
     params = leaf["params"]
     assert params["noise_scale"] == release["noise_scale"]
     assert params["tau"] == release["tau"] == entry["plan"]["key_release"]["tau"]
-    # τ is shown before anything is spent, with the smallest counts released at 50% and 95%.
-    assert release["smallest_count_released_half_the_time"] == release["tau"]
-    assert release["smallest_count_released_with_probability_0.95"] > release["tau"]
+    # τ is shown before anything is spent, with the smallest numbers of persons (4 rows to the
+    # key each: half of L∞' = 8) whose key is released at 50% and 95%.
+    assert release["reference_person"] == "4 keys, adding 4 rows to the key"
+    assert release["persons_released_half_the_time"] == -(-release["tau"] // 4)
+    assert 4 * release["persons_released_with_probability_0.95"] > release["tau"]
     # 8,000 rows, 1,000 per url and person-bounded counts of 1,000: τ (about 370 with Δ = 8; it
     # was about 2,800 with Δ = 64) lets every url through.
     if mechanism == "threshold":

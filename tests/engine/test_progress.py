@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 import dpsql
-from dpsql.engine.backends import DuckDBBackend
+from dpsql.engine.backends import DuckDBBackend, Rows
 from dpsql.engine.progress import accepts_progress, run_duckdb
 from dpsql.engine.spark import SparkBackend
 from dpsql.errors import ExecutionError
@@ -182,6 +182,12 @@ class Spy(DuckDBBackend):
     def run(self, sql: str, progress=None) -> pd.DataFrame:
         self.given = [*getattr(self, "given", []), progress is not None]
         return super().run(sql, progress=progress)
+
+    def rows(self, sql: str, progress=None) -> Rows:
+        if progress is not None:  # read through run, which records it
+            return super().rows(sql, progress)
+        self.given = [*getattr(self, "given", []), False]
+        return super().rows(sql)
 
 
 def test_without_a_callback_the_backend_runs_as_before(demo_db: Path, rng) -> None:

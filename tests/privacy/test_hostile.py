@@ -275,7 +275,8 @@ def test_failures_after_the_charge_are_one_message_whatever_the_cause(days: Path
             def fail(*args: object, error: BaseException = cause, **kwargs: object) -> None:
                 raise error
 
-            db.backend.run = fail  # type: ignore[method-assign]
+            # Both reads of the seam: frames (run) and small answers (rows).
+            db.backend.run = db.backend.rows = fail  # type: ignore[method-assign]
             error = _after_charge_fails(db, "SELECT COUNT(*) FROM t", epsilon=0.01)
             assert str(error) == FAILED_AFTER_CHARGE
             assert error.__context__ is None and error.__cause__ is None

@@ -289,8 +289,8 @@ def observe(path: Path, sql: str) -> Observation:
         assert len(set(map(tuple, shown))) == len(shown), ("a key released twice", sql, shown)
         if plan.mechanism != "discrete_laplace" or plan.summary()["auto_bounds"]:
             return Observation("answered", [tuple(k) for k in shown])
-        frame = db.backend.run(bounded_sql(plan, 7, db.backend.dialect))
-        aligned, keys = _aligned(plan, frame)
+        rows = db.backend.rows(bounded_sql(plan, 7, db.backend.dialect))
+        aligned, keys = _aligned(plan, rows)
         exact = {m.label: aligned[m.measure.name] for m in plan.measurements}
         sensitivity = {m.label: m.sensitivity_units for m in plan.measurements}
         return Observation("answered", keys, exact, sensitivity)

@@ -17,12 +17,11 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from dpsql.accountant.events import MechanismEvent, SequentialEvent
 from dpsql.engine.answers import ALP_ROWS_PER_KEY, having_rows, plain
 from dpsql.engine.choices import MECHANISMS
-from dpsql.engine.key_mechanisms import DefaultChoice, choose_default
+from dpsql.engine.key_mechanisms import DefaultChoice, candidates, choose_default
 from dpsql.engine.plans.base import Family, MeasurementPlan
 from dpsql.engine.policy import TablePolicy
 from dpsql.engine.progress import DONE, READING_DATA
@@ -35,6 +34,7 @@ from dpsql.mechanisms import (
     adaptive_selection,
     combined,
     gaussian_threshold,
+    joint_selection,
     sketch_split,
     threshold,
     weighted_selection,
@@ -47,6 +47,8 @@ from dpsql.sql.generate import bounded_aggregate, ranked_cells
 from dpsql.sql.shape import AggregateKind, ColumnKind, GroupKey, QueryShape
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from dpsql.accountant.ledger import LedgerEntry
     from dpsql.engine.backends import Scratch
     from dpsql.engine.planner import QueryPlan
@@ -95,13 +97,22 @@ class KeyRelease:
     default: DefaultChoice | None = None
     """Why this mechanism, when the query named none (``dpsql.engine.key_mechanisms``)."""
 
-    def released_with_probability(self, probability: float) -> int:
-        """The smallest true count released with at least ``probability``."""
+    def persons_released_with_probability(
+        self, probability: float, keys_each: int, rows_each: int
+    ) -> int:
+        """The fewest persons, with ``keys_each`` keys each and each adding ``rows_each`` rows
+        to the key, whose key is released with at least ``probability``."""
+        if isinstance(self.weighted, joint_selection.JointPlan):
+            return self.weighted.persons_released_with_probability(
+                probability, keys_each, rows_each
+            )
         if self.weighted is not None:
-            return self.weighted.persons_released_with_probability(probability)
+            return self.weighted.persons_released_with_probability(probability, keys_each)
         if self.gaussian is not None:
-            return self.gaussian.count_released_with_probability(probability)
-        return threshold.count_released_with_probability(self.tau, self.scale, probability)
+            count = self.gaussian.count_released_with_probability(probability)
+        else:
+            count = threshold.count_released_with_probability(self.tau, self.scale, probability)
+        return max(1, -(-count // rows_each))
 
 
 @dataclass(frozen=True)
@@ -124,6 +135,13 @@ class Keys(Family):
                 "the heavy keys on a small share of the budget, round 2 moves each person's "
                 "weight to their other keys; then discrete Gaussian counts of the selected "
                 "keys; nothing about the others"
+            )
+        if spec.mechanism == "joint":
+            return (
+                "GROUP BY over a column without public keys and delta > 0: joint selection "
+                "(discrete Gaussian noise on each key's person-bounded weights and on its "
+                "count; a key is released when noisy weight + multiplier x noisy count reaches "
+                "tau), released with those noisy counts; nothing about the others"
             )
         if spec.mechanism == "weighted":
             return (
@@ -173,6 +191,11 @@ class Keys(Family):
         return SequentialEvent((leaf,))
 
     def measures(self, plan: QueryPlan, output: Aggregate, text: str) -> str:
+        if isinstance(self.spec.weighted, joint_selection.JointPlan):
+            return text + (
+                f"; only keys whose noisy weight + {self.spec.weighted.multiplier} x noisy "
+                f"count reaches tau = {self.spec.tau} are shown"
+            )
         if self.spec.weighted is not None:
             return text + (
                 f"; only keys whose noisy weight reaches tau = {self.spec.tau} (each "
@@ -194,12 +217,7 @@ class Keys(Family):
                 "noise_scale": float(release.scale),
                 "tau": release.tau,
                 **_key_release_extras(release, plan.epsilon),
-                "smallest_count_released_half_the_time": release.tau,
-                f"smallest_count_released_with_probability_{plan.confidence:g}": (
-                    release.released_with_probability(plan.confidence)
-                ),
-                "note": "a key is released iff its noisy count reaches tau: groups with fewer "
-                "rows (after bounding) than these counts are mostly or always missing",
+                **_in_persons(release, plan),
             },
         }
 
@@ -258,6 +276,31 @@ class Keys(Family):
         return answer, plan
 
 
+def _in_persons(release: KeyRelease, plan: QueryPlan) -> dict[str, Any]:
+    """The smallest true counts released half the time and with the plan's confidence, in
+    persons at the public reference, for this release and (δ > 0) every key mechanism."""
+    bounds = _contribution(plan)
+    keys_each, rows_each = max(1, -(-bounds.new_keys // 2)), max(1, -(-bounds.per_key // 2))
+    level = plan.confidence
+    shown: dict[str, Any] = {
+        "persons_released_half_the_time": release.persons_released_with_probability(
+            0.5, keys_each, rows_each
+        ),
+        f"persons_released_with_probability_{level:g}": (
+            release.persons_released_with_probability(level, keys_each, rows_each)
+        ),
+        "reference_person": f"{keys_each} keys, adding {rows_each} rows to the key",
+        "note": "a key is released when its noisy statistic reaches tau: keys held by fewer "
+        "persons (after bounding) than these are mostly or always missing",
+    }
+    if release.delta > 0 and release.domain is None:
+        shown["mechanisms"] = {
+            c.mechanism: c.shown(keys_each, rows_each, level)
+            for c in candidates(plan.epsilon, release.delta, bounds)
+        }
+    return shown
+
+
 def _zcdp_params(release: KeyRelease) -> tuple[tuple[str, float], ...]:
     """A Gaussian key release's zCDP curve for the ledger: the shared keys' ρ and the new keys'
     release probability (``dpsql.accountant.zcdp``)."""
@@ -294,6 +337,12 @@ def _key_release_extras(release: KeyRelease, epsilon: float) -> dict[str, Any]:
                 for m in sorted({1, max(1, len(plan.weights) // 2), len(plan.weights)})
             },
         }
+        if isinstance(plan, joint_selection.JointPlan):
+            extras["selection"]["weights"] += (
+                f"; a key is released when its noisy weight + {plan.multiplier} x its noisy "
+                "count reaches tau_in_weight"
+            )
+            extras["selection"]["count_multiplier"] = plan.multiplier
         if isinstance(plan, adaptive_selection.AdaptivePlan):
             extras["selection"]["rounds"] = (
                 f"round 1: sigma {plan.first_sigma:.4g}, tau {plan.first_tau} on "
@@ -324,6 +373,13 @@ def _key_release_extras(release: KeyRelease, epsilon: float) -> dict[str, Any]:
     return extras
 
 
+_SELECTIONS = {
+    "weighted": weighted_selection,
+    "mad2r": adaptive_selection,
+    "joint": joint_selection,
+}
+"""The mechanisms that select keys on person-bounded weights (their ``plan`` takes a share)."""
+
 _KEY_INTEGER_TYPES = frozenset(
     {
         "TINYINT", "SMALLINT", "INTEGER", "BIGINT", "UTINYINT", "USMALLINT", "UINTEGER",
@@ -343,7 +399,13 @@ def plan_key_release(
 ) -> KeyRelease | None:
     """The key-release plan for a GROUP BY over a column without public keys, or None."""
     private = [c for c in shape.group_by if table.column(c).public_keys is None]
+    prefer = shape.options.get("prefer")
     if not private:
+        if prefer is not None:
+            raise ParameterError(
+                "prefer chooses how keys of a GROUP BY column without public keys are released; "
+                "this query has none"
+            )
         if mechanism not in (None, "laplace"):
             raise UnsupportedQueryError(
                 f"mechanism {mechanism!r} releases keys of a GROUP BY column without public "
@@ -391,25 +453,33 @@ def plan_key_release(
     bounds = threshold.Contribution(
         table.max_groups_per_unit, table.max_rows_per_group, table.max_rows_per_unit
     )
-    default = choose_default(epsilon, delta, bounds) if delta > 0 and mechanism is None else None
+    if prefer is not None and (mechanism is not None or delta == 0):
+        raise ParameterError(
+            "prefer chooses the default key release (delta > 0, no mechanism named); "
+            + (f"mechanism {mechanism!r} is named" if mechanism is not None else "delta is 0")
+        )
+    default = (
+        choose_default(epsilon, delta, bounds, prefer)
+        if delta > 0 and mechanism is None
+        else None
+    )
     if default is not None:
         chosen = default.mechanism
-    if chosen in ("threshold_gaussian", "weighted", "mad2r") and delta == 0:
+    if chosen in _SELECTIONS and delta == 0:
         raise UnsupportedQueryError(f"mechanism {mechanism!r} needs delta > 0")
     weighted = None
     share = shape.options.get("selection_share")
-    if share is not None and chosen not in ("weighted", "mad2r"):
+    if share is not None and chosen not in _SELECTIONS:
         raise ParameterError(
-            f"selection_share applies to mechanisms 'weighted' and 'mad2r', not {chosen!r}; "
-            "name one with mechanism=..."
+            f"selection_share applies to mechanisms 'weighted', 'mad2r' and 'joint', not "
+            f"{chosen!r}; name one with mechanism=..."
         )
-    if chosen in ("weighted", "mad2r"):
-        weighted = (weighted_selection if chosen == "weighted" else adaptive_selection).plan(
-            epsilon,
-            delta,
-            bounds,
-            weighted_selection.DEFAULT_SELECTION_SHARE if share is None else share,
-        )
+    if chosen in _SELECTIONS:
+        if share is None:
+            share = _SELECTIONS[chosen].DEFAULT_SELECTION_SHARE
+            if default is not None and default.selection_share is not None:
+                share = default.selection_share
+        weighted = _SELECTIONS[chosen].plan(epsilon, delta, bounds, share)
         if weighted is None:
             raise UnsupportedQueryError(
                 f"no weighted selection meets delta={delta} at epsilon={epsilon} for these "
@@ -523,9 +593,9 @@ def key_answer(
             selection_share=spec.weighted.selection_share,
             **gaussian,
         )
-    elif spec.mechanism == "weighted":
+    elif spec.mechanism in ("joint", "weighted"):
         assert spec.weighted is not None
-        released = weighted_selection.release(
+        released = _SELECTIONS[spec.mechanism].release(
             keys,
             counts,
             frame["weight"].to_numpy(dtype=np.int64),

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from dpsql.engine.answers import laplace_answer
 from dpsql.engine.plans.base import Family
 from dpsql.engine.progress import ADDING_NOISE, DONE
-from dpsql.engine.release import bounded_sql, read
+from dpsql.engine.release import bounded_sql, read_rows
 
 if TYPE_CHECKING:
     from dpsql.accountant.ledger import LedgerEntry
@@ -35,9 +35,9 @@ class Laplace(Family):
     ) -> tuple[QueryResult, QueryPlan]:
         progress = context.stages
         salt = int(context.rng.integers(0, 2**62))
-        frame = read(context, bounded_sql(plan, salt, context.backend.dialect))
+        rows = read_rows(context, bounded_sql(plan, salt, context.backend.dialect))
         progress(ADDING_NOISE, None)
-        result = laplace_answer(plan, frame, entry, rng=context.rng, analyst=context.analyst)
+        result = laplace_answer(plan, rows, entry, rng=context.rng, analyst=context.analyst)
         progress(DONE, 1.0)
         return result, plan
 

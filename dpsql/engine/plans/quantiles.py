@@ -15,7 +15,6 @@ from fractions import Fraction
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from dpsql.accountant.events import MechanismEvent, SequentialEvent
 from dpsql.engine.answers import plain
@@ -31,6 +30,8 @@ from dpsql.sql.generate import Histogram, bounded_aggregate
 from dpsql.sql.shape import AggregateKind, GroupKey, QueryShape
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from dpsql.accountant.ledger import LedgerEntry
     from dpsql.engine.planner import QueryPlan
     from dpsql.engine.release import ReleaseContext
@@ -237,6 +238,7 @@ def _groups(plan: QueryPlan) -> tuple[pd.Index | None, list[tuple]]:
     if not group_by:
         return None, [()]
     texts = [[literal_text(v) for v in plan.key_literals[c]] for c in group_by]
+    import pandas as pd
     index = pd.MultiIndex.from_product(texts, names=group_by)
     shown = itertools.product(*(plan.key_domain[c] for c in group_by))
     return index, [tuple(plain(v) for v in k) for k in shown]
@@ -266,6 +268,7 @@ def quantile_answer(
                 rows = np.zeros(len(frame), dtype=np.int64)
             else:
                 columns = [frame[c].astype(object) for c in plan.shape.group_by]
+                import pandas as pd
                 rows = index.get_indexer(pd.MultiIndex.from_arrays(columns))
             bins = frame["__bin"].to_numpy(dtype=np.int64)
             np.add.at(histograms, (rows, bins), frame["m0"].to_numpy(dtype=np.int64))

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from dpsql.accountant.events import MechanismEvent, SequentialEvent
 from dpsql.engine.answers import plain
@@ -31,6 +30,8 @@ from dpsql.sql.generate import Measure, MeasureKind, public_groups, range_counts
 from dpsql.sql.shape import AggregateKind, GroupKey, QueryShape
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from dpsql.accountant.ledger import LedgerEntry
     from dpsql.engine.planner import QueryPlan
     from dpsql.engine.release import ReleaseContext

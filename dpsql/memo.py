@@ -1,0 +1,50 @@
+"""Results kept for inputs that recur unchanged: a query asked again keeps its bound shape, plan
+and generated SQL fragments as the same objects, so what was computed from them once is not
+computed again.
+
+:class:`Kept` keys each result by its inputs: plain values (numbers, text, None) by value, any
+other object by its identity, which is safe only for objects nobody changes (bound shapes, plans,
+policies and converted keys are never changed once made). It holds the objects it keys by, so no
+other object can take their identity while it keeps them, and forgets everything once it holds
+``size`` results (a bound on memory, not an LRU: what recurs is computed again once).
+
+>>> kept = Kept(size=2)
+>>> made = []
+>>> kept.get(("a", 1), lambda: made.append(1) or "x"), kept.get(("a", 1), lambda: "y"), made
+('x', 'x', [1])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable
+from typing import Generic, TypeVar
+
+__all__ = ["Kept"]
+
+T = TypeVar("T")
+
+_BY_VALUE = (str, int, float, bool, type(None))
+
+
+class Kept(Generic[T]):
+    """Results by their inputs (module doc); at most ``size`` of them."""
+
+    def __init__(self, size: int = 256):
+        self.size = size
+        self._kept: dict[tuple[Hashable, ...], tuple[tuple[object, ...], T]] = {}
+
+    def get(self, inputs: tuple[object, ...], make: Callable[[], T]) -> T:
+        """The result kept for ``inputs``, else ``make()`` (kept; an exception keeps nothing)."""
+        key = tuple(
+            (type(part), part) if isinstance(part, _BY_VALUE) else id(part) for part in inputs
+        )
+        found = self._kept.get(key)
+        if found is None:
+            if len(self._kept) >= self.size:
+                self._kept.clear()
+            found = self._kept[key] = (inputs, make())
+        return found[1]
+
+    def clear(self) -> None:
+        """Forget every result."""
+        self._kept.clear()
