@@ -101,17 +101,31 @@ def test_keyboard_interrupt_while_polling_stops_the_query(memory_backend) -> Non
 
 
 def test_ctrl_c_while_waiting_stops_the_query(memory_backend) -> None:
-    """A real SIGINT, delivered to the main thread while it waits for the worker."""
+    """A real SIGINT, delivered to the main thread while it waits for the worker. It is sent
+    again every second until it lands: one that arrives while the main thread is inside DuckDB's
+    own code (polling the query's progress) can be consumed there, as a person would press
+    Ctrl-C again."""
     main = threading.main_thread()
     assert threading.current_thread() is main
-    timer = threading.Timer(0.5, signal.pthread_kill, (main.ident, signal.SIGINT))
+    stop = threading.Event()
+
+    def press() -> None:
+        while not stop.wait(0.5 if not stop.is_set() else 0):
+            signal.pthread_kill(main.ident, signal.SIGINT)
+            stop.wait(0.5)
+
+    presser = threading.Thread(target=press, daemon=True)
     started = time.monotonic()
-    timer.start()
+    presser.start()
     try:
         with pytest.raises(KeyboardInterrupt):
-            memory_backend.run(ENDLESS_SQL, progress=Recorder())
+            try:
+                memory_backend.run(ENDLESS_SQL, progress=Recorder())
+            finally:
+                stop.set()
     finally:
-        timer.cancel()
+        stop.set()
+        presser.join()
     assert time.monotonic() - started < 20.0
     assert _query_threads() == []
     assert memory_backend.run("SELECT 2 AS x")["x"].tolist() == [2]
