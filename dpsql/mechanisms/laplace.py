@@ -259,8 +259,9 @@ def expected_abs(scale: Fraction) -> float:
     >>> round(expected_abs(Fraction(10)), 2)
     9.98
     """
-    a = math.exp(-1.0 / float(_positive_finite("scale", scale)))
-    return 2.0 * a / -math.expm1(2.0 * math.log(a))
+    x = 1.0 / float(_positive_finite("scale", scale))
+    # 2a / (1 - a²) with a = exp(-x), so that a tiny scale (a = 0) gives 0, not log(0)
+    return 2.0 * math.exp(-x) / -math.expm1(-2.0 * x)
 
 
 MAX_GRID = 2.0**970

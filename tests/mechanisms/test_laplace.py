@@ -284,3 +284,14 @@ def test_release_fields_and_secure_default() -> None:
     assert first.half_width == interval_half_width(Fraction(1), 0.95)
     assert np.array_equal(first.upper - first.lower, np.full(1_000, 2 * first.half_width))
     assert sample_discrete_laplace(Fraction(7, 3), 10).shape == (10,)
+
+
+def test_expected_abs_is_zero_for_a_scale_too_small_to_move_a_count() -> None:
+    """At a huge epsilon the noise's scale is tiny and exp(-1/scale) underflows to 0: the mean
+    error is 0 (EXPLAIN's key-release line divided by log(0) before)."""
+    from fractions import Fraction
+
+    from dpsql.mechanisms.laplace import expected_abs
+
+    assert expected_abs(Fraction(1, 10**6)) == 0.0
+    assert expected_abs(Fraction(10)) == pytest.approx(9.983, abs=1e-3)

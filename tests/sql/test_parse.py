@@ -54,6 +54,7 @@ def test_options_are_floats_even_when_written_as_integers_or_strings() -> None:
         "quantile_candidates",
         "simultaneous",
         "expected_count",
+        "prefer",
     }
     assert parse(f"{DP}(mechanism='alp') COUNT(*) FROM t").options == {"mechanism": "alp"}
 
