@@ -256,11 +256,11 @@ def expected_abs(scale: Fraction) -> float:
     """``E|X|`` for discrete Laplace(``scale``): ``2a / (1 - a²)``, ``a = exp(-1/scale)`` (the
     mean absolute error a noisy count carries).
 
-    >>> round(expected_abs(Fraction(10)), 2)
-    9.98
+    >>> round(expected_abs(Fraction(10)), 2), expected_abs(Fraction(1, 2**20))
+    (9.98, 0.0)
     """
-    a = math.exp(-1.0 / float(_positive_finite("scale", scale)))
-    return 2.0 * a / -math.expm1(2.0 * math.log(a))
+    inverse = 1.0 / float(_positive_finite("scale", scale))
+    return 2.0 * math.exp(-inverse) / -math.expm1(-2.0 * inverse)
 
 
 MAX_GRID = 2.0**970

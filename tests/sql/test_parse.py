@@ -49,6 +49,7 @@ def test_options_are_floats_even_when_written_as_integers_or_strings() -> None:
         "mechanism",
         "max_answers",
         "selection_share",
+        "prefer",
         "accuracy",
         "confidence",
         "quantile_candidates",
