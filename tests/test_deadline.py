@@ -179,6 +179,7 @@ def test_a_stop_after_the_charge_is_the_one_execution_error(
 
     outcome = _in_session(demo_db, twice)
     assert "error" not in outcome, outcome.get("error")
+    assert "error" not in outcome, outcome
     assert outcome["value"].rows  # type: ignore[union-attr]
     assert database_budget(demo_db).dataset.epsilon_spent == 1.0
 
@@ -217,6 +218,7 @@ def test_the_service_runner_stops_post_processing_and_is_free_afterwards(
         outcome = _finishes(lambda: asyncio.run(calls()))
     finally:
         runner.close()
+    assert "error" not in outcome, outcome
     assert outcome["value"].rows  # type: ignore[union-attr]
     assert database_budget(demo_db).dataset.epsilon_spent == 1.0  # the stopped one was charged
 

@@ -62,18 +62,19 @@ __all__ = ["DEFAULT_SELECTION_SHARE", "JointPlan", "plan", "release", "sum_tails
 DEFAULT_SELECTION_SHARE = 0.5
 """The weights' share of ρ when a query names ``mechanism='joint'`` without one."""
 
-_NOISE_PARTS = (0.75, 0.6, 0.45, 0.3)
+_NOISE_PARTS = (0.75, 0.6, 0.45)
 """Shares of δ tried for the noise (ρ the largest within it); the threshold gets the rest."""
 _ROUND_UP = 1.0 + 1e-10
-_MULTIPLIERS = (0.7, 1.0, 1.4, 2.0)
+_MULTIPLIERS = (0.8, 1.0, 1.25, 1.8)
 """λ tried around its estimate ``λ̂ = r·σ_w² / (w_m·σ_c²)`` (the weight that maximises a reference
 person's signal against the noise of ``T``): ``λ̂ · m`` for each ``m`` here."""
 
 
 @lru_cache(maxsize=64)
-def _suffix(sigma_squared: Fraction) -> tuple[int, np.ndarray, float]:
-    """``Z``'s tails on its window: (its first integer ``low``, ``tails[j] >= P(Z >= low + j)``
-    for every integer of the window, an upper bound of ``P(Z > high)``), all upper bounds."""
+def _suffix(sigma_squared: Fraction) -> tuple[int, np.ndarray]:
+    """``Z``'s tails around its window: (``low``, ``tails``) with ``tails[0] = 1`` (every integer
+    below the window), ``tails[j] >= P(Z >= low + j - 1)`` across the window, and last an upper
+    bound of ``P(Z >` the window``)``: upper bounds throughout."""
     s2 = float(sigma_squared)
     width = math.ceil(12.0 * math.sqrt(s2)) + 64
     z = np.arange(-width, width + 1, dtype=np.float64)
@@ -82,18 +83,15 @@ def _suffix(sigma_squared: Fraction) -> tuple[int, np.ndarray, float]:
     ratio = math.exp(-width / s2)
     rest = math.exp(-(width * width) / (2.0 * s2)) * ratio / (1.0 - ratio) if ratio < 1 else 1.0
     normaliser = math.exp(dg._log_normaliser(sigma_squared))  # rounded down: bounds go up
-    tails = (np.cumsum(mass[::-1])[::-1] + rest) / normaliser * _ROUND_UP
-    return -width, np.minimum(tails, 1.0), min(1.0, rest / normaliser * _ROUND_UP)
+    inside = (np.cumsum(mass[::-1])[::-1] + rest) / normaliser * _ROUND_UP
+    beyond = rest / normaliser * _ROUND_UP
+    return -width, np.minimum(np.concatenate([[1.0], inside, [beyond]]), 1.0)
 
 
 def _tails(starts: np.ndarray, sigma_squared: Fraction) -> np.ndarray:
     """Upper bounds of ``P(Z >= n)`` for ``Z ~ N_Z(0, σ²)`` and every ``n`` in ``starts``."""
-    low, tails, beyond = _suffix(sigma_squared)
-    index = starts - low
-    out = np.where(index < 0, 1.0, beyond)
-    inside = (index >= 0) & (index < tails.size)
-    out[inside] = tails[index[inside]]
-    return out
+    low, tails = _suffix(sigma_squared)
+    return tails[np.clip(starts - (low - 1), 0, tails.size - 1)]
 
 
 def sum_tails(
@@ -107,17 +105,24 @@ def sum_tails(
     >>> float(sum_tails(np.array([0]), Fraction(4), Fraction(1), 3)[0]) > 0.5
     True
     """
-    # Z_c's window: 8σ + 8 each side (its mass beyond, below 1e-14, is added whole).
-    width = math.ceil(8.0 * math.sqrt(float(count_sigma_squared))) + 8
-    z = np.arange(-width, width + 1, dtype=np.int64)
-    s2 = float(count_sigma_squared)
-    normaliser = math.exp(dg._log_normaliser(count_sigma_squared))
-    mass = np.exp(-(z.astype(np.float64) ** 2) / (2.0 * s2)) / normaliser * _ROUND_UP
-    outside = 2.0 * float(_tails(np.array([width + 1]), count_sigma_squared)[0])
+    z, mass, outside = _window(count_sigma_squared)
     starts = np.asarray(starts, dtype=np.int64)
     shifted = starts[:, None] - int(lam) * z[None, :]
-    total = (_tails(shifted.ravel(), weight_sigma_squared).reshape(shifted.shape) * mass).sum(1)
+    total = _tails(shifted.ravel(), weight_sigma_squared).reshape(shifted.shape) @ mass
     return np.minimum(1.0, (total + outside) * _ROUND_UP)
+
+
+@lru_cache(maxsize=64)
+def _window(sigma_squared: Fraction) -> tuple[np.ndarray, np.ndarray, float]:
+    """``Z``'s window of 8σ + 8 each side, its mass there (normaliser rounded down: upper
+    bounds) and an upper bound of its mass outside (below 1e-14, added whole)."""
+    width = math.ceil(8.0 * math.sqrt(float(sigma_squared))) + 8
+    z = np.arange(-width, width + 1, dtype=np.int64)
+    normaliser = math.exp(dg._log_normaliser(sigma_squared))
+    squares = z.astype(np.float64) ** 2
+    mass = np.exp(-squares / (2.0 * float(sigma_squared))) / normaliser * _ROUND_UP
+    outside = 2.0 * float(_tails(np.array([width + 1]), sigma_squared)[0])
+    return z, mass, outside
 
 
 @dataclass(frozen=True)

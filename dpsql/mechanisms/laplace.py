@@ -256,8 +256,8 @@ def expected_abs(scale: Fraction) -> float:
     """``E|X|`` for discrete Laplace(``scale``): ``2a / (1 - a²)``, ``a = exp(-1/scale)`` (the
     mean absolute error a noisy count carries).
 
-    >>> round(expected_abs(Fraction(10)), 2)
-    9.98
+    >>> round(expected_abs(Fraction(10)), 2), expected_abs(Fraction(1, 2**20))
+    (9.98, 0.0)
     """
     x = 1.0 / float(_positive_finite("scale", scale))
     # 2a / (1 - a²) with a = exp(-x), so that a tiny scale (a = 0) gives 0, not log(0)

@@ -49,12 +49,12 @@ def test_options_are_floats_even_when_written_as_integers_or_strings() -> None:
         "mechanism",
         "max_answers",
         "selection_share",
+        "prefer",
         "accuracy",
         "confidence",
         "quantile_candidates",
         "simultaneous",
         "expected_count",
-        "prefer",
     }
     assert parse(f"{DP}(mechanism='alp') COUNT(*) FROM t").options == {"mechanism": "alp"}
 
