@@ -119,8 +119,15 @@ class EngineRunner:
             try:
                 self._follow_policy(self._verify())
                 return work(None if analyst is None else self._session(analyst))
+            except Exception:
+                if not request.expired:
+                    raise
             finally:
                 self._request = None
+        # The call's time ran out. The request's own deadline and ``run``'s timeout end at the
+        # same instant; whichever noticed first, the caller gets the same answer (raised outside
+        # the handler: no chain carries the interrupted stage's error).
+        raise RunnerTimeout
 
     def _interrupt(self) -> None:
         request = self._request
