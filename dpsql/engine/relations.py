@@ -39,7 +39,7 @@ from dpsql.sql.parse import ParsedQuery
 from dpsql.sql.relations import Origin, PrivateTable, Relation
 from dpsql.sql.shape import AggregateKind, ColumnKind, QueryShape, RelationSql
 
-__all__ = ["bind_relation", "lift_query", "relation_policy"]
+__all__ = ["RelationRules", "bind_relation", "lift_query", "relation_policy"]
 
 BOUND_CAP = 1_000_000
 """The largest contribution bound a relation may have (as for a table of the policy)."""
@@ -73,8 +73,9 @@ def _table(policy: Policy, name: str) -> TablePolicy:
     return table
 
 
-class _Rules:
-    """Bounds and key domains of a relation's columns (see the module docstring)."""
+class RelationRules:
+    """Bounds and key domains of a relation's columns (see the module docstring), with the
+    public tables' multiplicities read once per query."""
 
     def __init__(self, policy: Policy, binder: Binder):
         self.policy = policy
@@ -168,23 +169,22 @@ class _Rules:
 
 
 def relation_policy(
-    relation: Relation, policy: Policy, binder: Binder, group_by: Sequence[str]
+    relation: Relation, rules: RelationRules, group_by: Sequence[str]
 ) -> TablePolicy:
     """The relation's privacy unit, contribution bounds and column rules (module docstring).
 
     Args:
         relation: the relation the query reads (``dpsql.sql.relations``).
-        policy: the policy of the tables it reads.
-        binder: runs the reads of public tables (multiplicities, key domains).
+        rules: the policy of the tables it reads, and the reads of public tables
+            (multiplicities, key domains).
         group_by: the query's group columns (public columns get key domains only there).
     """
-    rules = _Rules(policy, binder)
     if relation.per_person:
         rows = groups = per_group = 1
     else:
-        tables = [_table(policy, t) for t in relation.factors]
+        tables = [_table(rules.policy, t) for t in relation.factors]
         lookups = math.prod(rules.multiplicity(lookup) for lookup in relation.public_joins)
-        rows = math.prod(t.max_rows_per_unit for t in tables) * lookups
+        rows = rules.rows(relation.factors, relation.public_joins)
         groups = math.prod(t.max_groups_per_unit for t in tables) * lookups
         per_group = math.prod(t.max_rows_per_group for t in tables) * lookups
     most = max(rows, groups, per_group)
@@ -260,7 +260,8 @@ def bind_relation(
                 f"GROUP BY {column!r}, the privacy unit, would release one group per person; "
                 "aggregate per person in a subquery, then across persons"
             )
-    table = relation_policy(relation, policy, binder, shape.group_by)
+    rules = RelationRules(policy, binder)
+    table = relation_policy(relation, rules, shape.group_by)
     for name, origin in relation.origins.items():
         if (
             origin.kind in ("value", "public")
@@ -281,7 +282,7 @@ def bind_relation(
             "database; nothing was charged"
         ) from None
     overlay = policy.model_copy(update={"tables": {**policy.tables, relation.name: table}})
-    bound = RelationSql(sql, _rule(relation, table, policy, binder))
+    bound = RelationSql(sql, _rule(relation, table, rules))
     return (
         replace(shape, relation=bound),
         overlay,
@@ -289,12 +290,11 @@ def bind_relation(
     )
 
 
-def _rule(relation: Relation, table: TablePolicy, policy: Policy, binder: Binder) -> str:
+def _rule(relation: Relation, table: TablePolicy, rules: RelationRules) -> str:
     """The contribution bound of a relation, in words, for EXPLAIN's measures line."""
     if relation.per_person:
         return f"one row per person of {relation.description}"
-    rules = _Rules(policy, binder)
-    factors = [f"{t} {_table(policy, t).max_rows_per_unit}" for t in relation.factors]
+    factors = [f"{t} {_table(rules.policy, t).max_rows_per_unit}" for t in relation.factors]
     factors += [f"{rules.multiplicity(j)} match(es) in {j[0]}" for j in relation.public_joins]
     return (
         f"rows of {relation.description}, at most {table.max_rows_per_unit} per person (the "

@@ -296,10 +296,18 @@ def observe(path: Path, sql: str) -> Observation:
         return Observation("answered", keys, exact, sensitivity)
 
 
-def check_neighbours(base: Path, directory: Path, sql: str, person: tuple) -> None:
+def check_neighbours(
+    base: Path,
+    directory: Path,
+    sql: str,
+    person: tuple,
+    with_person: Callable[[Path, Path, dict[str, str], str, int], Path] | None = None,
+) -> None:
+    """The checks above for ``sql`` on ``base`` and on it with ``person`` added (by
+    ``with_person``, default: rows of table ``w``)."""
     values, unit, rows = person
     without = observe(base, sql)
-    neighbour = observe(_with_person(base, directory, values, unit, rows), sql)
+    neighbour = observe((with_person or _with_person)(base, directory, values, unit, rows), sql)
     assert not without.outcome.startswith("ExecutionError"), (sql, without.outcome)
     assert not neighbour.outcome.startswith("ExecutionError"), (sql, person, neighbour.outcome)
     assert without.outcome == neighbour.outcome, (sql, person, without, neighbour)

@@ -188,14 +188,7 @@ def window_queries() -> st.SearchStrategy[str]:
 
 
 def check(base: Path, directory: Path, sql: str, person: tuple) -> None:
-    import tests.privacy.test_neighbours as neighbours
-
-    original = neighbours._with_person
-    neighbours._with_person = _with_person
-    try:
-        check_neighbours(base, directory, sql, person)
-    finally:
-        neighbours._with_person = original
+    check_neighbours(base, directory, sql, person, with_person=_with_person)
 
 
 @pytest.mark.parametrize(
