@@ -215,6 +215,14 @@ def sample_discrete_laplace(
     rng = resolve_rng(rng)
     t, s = scale.numerator, scale.denominator
     total = math.prod(int(d) for d in shape)
+    if total == 1:
+        return np.array(_one_discrete_laplace(t, s, rng), dtype=np.int64).reshape(shape)
+    return _many_discrete_laplace(t, s, total, rng).reshape(shape)
+
+
+def _many_discrete_laplace(t: int, s: int, total: int, rng: np.random.Generator) -> np.ndarray:
+    """``total`` draws of :func:`sample_discrete_laplace` at scale ``t/s``, each round one
+    vectorized draw for every element still pending."""
     out = np.empty(total, dtype=np.int64)
     pending = np.arange(total)
     while pending.size:
@@ -229,7 +237,53 @@ def sample_discrete_laplace(
         done = np.zeros(pending.size, dtype=bool)
         done[kept[accepted]] = True
         pending = pending[~done]
-    return out.reshape(shape)
+    return out
+
+
+def _one_discrete_laplace(t: int, s: int, rng: np.random.Generator) -> int:
+    """One draw of :func:`sample_discrete_laplace` at scale ``t/s``, with scalar draws.
+
+    The same algorithm, the same draws from ``rng`` in the same order as the vectorized code on
+    one element (a scalar ``integers`` consumes the generator exactly as a size-1 array does), so
+    the value is identical for a given generator state; only the per-draw array overhead is
+    gone (a one-number release is the common case: a COUNT or SUM without GROUP BY).
+    """
+    while True:
+        uniform = int(rng.integers(0, t, dtype=np.int64))
+        if not _one_bernoulli_exp_neg_fraction(uniform, t, rng):
+            continue
+        successes = 0
+        while _one_bernoulli_exp_neg_one(rng):
+            successes += 1
+        geometric = (uniform + t * successes) // s
+        negative = int(rng.integers(0, 2, dtype=np.int64)) == 1
+        if not (negative and geometric == 0):
+            return -geometric if negative else geometric
+
+
+def _one_bernoulli_exp_neg_fraction(
+    numerator: int, denominator: int, rng: np.random.Generator
+) -> bool:
+    """:func:`_bernoulli_exp_neg_fraction` for one element, with the same draws."""
+    k = 1
+    while True:
+        if denominator * k <= _INT64_LIMIT:
+            keep_going = int(rng.integers(0, denominator * k, dtype=np.int64)) < numerator
+        else:
+            first = int(rng.integers(0, denominator, dtype=np.int64))
+            second = int(rng.integers(0, k, dtype=np.int64))
+            keep_going = first < numerator and second == 0
+        if not keep_going:
+            return k % 2 == 1
+        k += 1
+
+
+def _one_bernoulli_exp_neg_one(rng: np.random.Generator) -> bool:
+    """:func:`_bernoulli_exp_neg_one` for one element, with the same draws."""
+    k = 2
+    while int(rng.integers(0, k, dtype=np.int64)) == 0:
+        k += 1
+    return k % 2 == 1
 
 
 def interval_half_width(scale: Fraction, confidence: float = 0.95) -> int:

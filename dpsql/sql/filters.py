@@ -164,7 +164,7 @@ def unit_filter(analyzer: Analyzer, node: exp.In) -> exp.Expression:
     finally:
         analyzer.aliases = saved
     body = exp.select(exp.column(outer, quoted=True)).from_(
-        exp.to_table(exp.to_identifier(analyzer.table, quoted=True))
+        exp.Table(this=exp.to_identifier(analyzer.table, quoted=True))
     )
     if predicate is not None:
         body = body.where(predicate, copy=False)
