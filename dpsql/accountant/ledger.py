@@ -356,15 +356,19 @@ class Ledger:
         for seq, time, name, e, d, payload, partition, period in rows:
             event = event_from_dict(json.loads(payload))
             charge = _charge(name, Cost(int(e), int(d)), event, partition)
-            windows = periods.windows(period, time)
-            self._cache[None].append((charge, windows))
-            self._cache.setdefault(name, []).append((charge, windows))
-            for who in (None, name):
-                totals = self._totals.setdefault(who, {})
-                for window in (_EVERY, *windows):
-                    totals.setdefault(window, Totals()).add(charge)
-            self._seen = seq
+            self._remember(seq, charge, periods.windows(period, time))
         return self._cache.setdefault(analyst, [])
+
+    def _remember(self, seq: int, charge: Charge, windows: tuple[str | None, ...]) -> None:
+        """Add the charge of entry ``seq`` to the cache and the running totals; every entry up
+        to ``seq`` has then been read."""
+        self._cache[None].append((charge, windows))
+        self._cache.setdefault(charge.analyst, []).append((charge, windows))
+        for who in (None, charge.analyst):
+            totals = self._totals.setdefault(who, {})
+            for window in (_EVERY, *windows):
+                totals.setdefault(window, Totals()).add(charge)
+        self._seen = seq
 
     def _window(self, analyst: str | None, current: str | None) -> tuple[Cost, Totals]:
         """What ``analyst`` (None: the dataset) spent in the window ``current`` (None: for
@@ -552,6 +556,9 @@ class Ledger:
             )
             if within is not None:
                 within(connection, entry)
+            # Every entry before this one was read in this transaction (the file is locked), so
+            # the new charge joins the cache as read, not parsed back from its payload.
+            self._remember(entry.seq, new, periods.windows(entry.period, entry.time))
             return entry
 
     def budget(self, analyst: str | None = None) -> list[BudgetLine]:

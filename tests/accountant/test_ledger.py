@@ -113,6 +113,34 @@ def test_event_trees_are_charged_at_their_total(ledger: Ledger) -> None:
     assert _spent(ledger)["bob"] == total(tree)
 
 
+def test_a_charge_is_remembered_as_another_process_reads_it_back(
+    ledger: Ledger, path: Path
+) -> None:
+    """The charging ledger keeps its own new charge without parsing it back from the file; a
+    ledger that reads the file must hold the very same charges and totals."""
+    gaussian = MechanismEvent(
+        "gaussian", 0.3, 1e-7, "SUM(x)", (("zcdp_rho", 0.02), ("zcdp_delta", 1e-8))
+    )
+    trees: list[Event] = [
+        _event(0.1),
+        _event(0.2, 1e-9),
+        gaussian,
+        SequentialEvent((ParallelEvent((_event(0.5), gaussian)), _event(0.25))),
+    ]
+    for i, tree in enumerate(trees):
+        ledger.charge(
+            analyst=("alice", "bob")[i % 2], event=tree, query="q", plan={}, mechanism="m",
+            partition=("t.region", ("north", "south")) if i == 1 else None,
+        )  # fmt: skip
+    reader = Ledger(path, dataset=DATASET)
+    try:
+        reader._charges(reader._connection)
+        assert reader._cache == ledger._cache
+        assert reader.budget() == ledger.budget()
+    finally:
+        reader.close()
+
+
 def test_charges_reach_the_cap_exactly_and_then_stop(path: Path) -> None:
     ledger = Ledger(path, dataset=DATASET)
     ledger.set_policy(DOCUMENT, _limits(1.0, 0.0, {"alice": (1.0, 0.0)}))
