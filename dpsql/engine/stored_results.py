@@ -13,6 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from pydantic_core import to_json
+
 from dpsql.accountant.stores import LedgerFileStore
 from dpsql.engine.results import QueryResult
 from dpsql.errors import ParameterError
@@ -48,10 +50,9 @@ class ResultStore(LedgerFileStore):
         super().__init__(path, schema=_SCHEMA, what="result store", synchronous="NORMAL")
 
     def save(self, result: QueryResult) -> None:
-        """Keep ``result`` under its ledger entry (NaN survives: Python's JSON writes it)."""
+        """Keep ``result`` under its ledger entry."""
         self._connection.execute(
-            "INSERT OR REPLACE INTO results VALUES (?, ?)",
-            (result.ledger_entry, json.dumps(result.model_dump(), sort_keys=True)),
+            "INSERT OR REPLACE INTO results VALUES (?, ?)", (result.ledger_entry, _text(result))
         )
 
     def save_report(self, seq: int, results: dict[str, QueryResult]) -> None:
@@ -59,7 +60,7 @@ class ResultStore(LedgerFileStore):
         self._connection.executemany(
             "INSERT OR REPLACE INTO report_results VALUES (?, ?, ?, ?)",
             [
-                (seq, name, position, json.dumps(result.model_dump(), sort_keys=True))
+                (seq, name, position, _text(result))
                 for position, (name, result) in enumerate(results.items())
             ],
         )
@@ -99,3 +100,9 @@ class ResultStore(LedgerFileStore):
                 )
             raise ParameterError(f"ledger entry {seq} has no stored answer{whose}")
         return QueryResult.model_validate(json.loads(row[0]))
+
+
+def _text(result: QueryResult) -> str:
+    """``result`` as JSON that ``json.loads`` reads back whole: NaN and infinities are written as
+    Python's JSON writes them (a missing interval end is NaN, not null)."""
+    return to_json(result.model_dump(), inf_nan_mode="constants").decode()
