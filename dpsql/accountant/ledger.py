@@ -19,7 +19,7 @@ import os
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -305,16 +305,9 @@ class Ledger:
         seq, previous = (last[0] + 1, last[1]) if last else (1, _GENESIS)
         time = (now or self.clock()).isoformat(timespec="microseconds")
         actor = json.dumps(self.actor or current_actor(), sort_keys=True)
-        draft = LedgerEntry(
-            seq=seq,
-            time=time,
-            dataset=self.dataset,
-            prev_hash=previous,
-            hash="",
-            actor=actor,
-            **fields,
-        )
-        entry = replace(draft, hash=draft.digest())
+        known = {"seq": seq, "time": time, "dataset": self.dataset, "prev_hash": previous}
+        draft = LedgerEntry(hash="", actor=actor, **known, **fields)
+        entry = LedgerEntry(hash=draft.digest(), actor=actor, **known, **fields)
         connection.execute(_INSERT, entry.values())
         return entry
 

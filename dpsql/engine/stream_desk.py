@@ -52,6 +52,7 @@ from dpsql.engine.streams import (
     split_where,
     stream_columns,
     stream_params,
+    stream_shaped,
 )
 from dpsql.errors import (
     FAILED_AFTER_CHARGE,
@@ -440,8 +441,8 @@ class StreamDesk:
         """The stream this analyst may use that states the smallest error for ``shape`` (of
         the mechanism the query asks for, if it names one; ties: the newest), or None (fresh
         noise). Stated errors are public (``dpsql.engine.stream_errors``): no data is read."""
-        if (mechanism or shape.options.get("mechanism")) == "laplace":
-            return None
+        if (mechanism or shape.options.get("mechanism")) == "laplace" or not stream_shaped(shape):
+            return None  # no stream is read for a query no stream answers
         wanted = self.requested(shape, mechanism)
         candidates = [
             s

@@ -64,6 +64,7 @@ __all__ = [
     "open_event",
     "split_where",
     "stream_columns",
+    "stream_shaped",
 ]
 
 MAX_CELLS = 2**20
@@ -730,14 +731,21 @@ def fixed_filter(stream: Stream) -> tuple[str, ...]:
     return tuple(stream.params.get("filter", ()))
 
 
+def stream_shaped(shape: QueryShape) -> bool:
+    """Whether a stream could answer ``shape`` at all: an ungrouped ``COUNT(*)`` (what
+    :func:`answerable` asks of the query alone, before any stream is read)."""
+    return (
+        not shape.group_by
+        and shape.having is None
+        and shape.range_join is None
+        and [(a.kind, a.column) for a in shape.aggregates] == [(AggregateKind.COUNT, None)]
+    )
+
+
 def answerable(shape: QueryShape, stream: Stream) -> bool:
     """An ungrouped ``COUNT(*)`` over the stream's table whose WHERE is exactly the stream's
     fixed filter AND conditions on the stream's columns only."""
-    if shape.group_by or shape.having is not None or shape.range_join is not None:
-        return False
-    if [(a.kind, a.column) for a in shape.aggregates] != [(AggregateKind.COUNT, None)]:
-        return False
-    if shape.table.lower() != stream.table.lower():
+    if not stream_shaped(shape) or shape.table.lower() != stream.table.lower():
         return False
     _, fixed = split_where(shape.where, {c.name for c in stream.columns})
     return fixed == fixed_filter(stream)
