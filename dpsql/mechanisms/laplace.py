@@ -78,6 +78,9 @@ _EXACT_FLOAT_LIMIT = 2**53
 
 _INT64_LIMIT = 2**63 - 1
 
+_FEW = 16
+"""Up to this many draws, :func:`sample_discrete_laplace` runs its rounds on Python lists."""
+
 
 def _positive_finite(name: str, value: object) -> Fraction:
     """``value`` as an exact Fraction, or ParameterError naming ``name`` unless finite and > 0."""
@@ -215,8 +218,8 @@ def sample_discrete_laplace(
     rng = resolve_rng(rng)
     t, s = scale.numerator, scale.denominator
     total = math.prod(int(d) for d in shape)
-    if total == 1:
-        return np.array(_one_discrete_laplace(t, s, rng), dtype=np.int64).reshape(shape)
+    if total <= _FEW:
+        return np.array(_few_discrete_laplace(t, s, total, rng), dtype=np.int64).reshape(shape)
     return _many_discrete_laplace(t, s, total, rng).reshape(shape)
 
 
@@ -240,50 +243,90 @@ def _many_discrete_laplace(t: int, s: int, total: int, rng: np.random.Generator)
     return out
 
 
-def _one_discrete_laplace(t: int, s: int, rng: np.random.Generator) -> int:
-    """One draw of :func:`sample_discrete_laplace` at scale ``t/s``, with scalar draws.
+def _few_discrete_laplace(t: int, s: int, total: int, rng: np.random.Generator) -> list[int]:
+    """:func:`_many_discrete_laplace` on Python lists, for a handful of elements.
 
-    The same algorithm, the same draws from ``rng`` in the same order as the vectorized code on
-    one element (a scalar ``integers`` consumes the generator exactly as a size-1 array does), so
-    the value is identical for a given generator state; only the per-draw array overhead is
-    gone (a one-number release is the common case: a COUNT or SUM without GROUP BY).
+    The same rounds, and in each round the same draws in the same order: an array draw of
+    ``m`` bounded integers consumes the generator exactly as ``m`` scalar draws do (a test
+    compares the two samplers draw for draw), so the values are identical for a given
+    generator state; only NumPy's per-call overhead, which dominates for a few elements, is
+    gone (a COUNT or SUM without GROUP BY, or a GROUP BY over a few public keys).
     """
-    while True:
-        uniform = int(rng.integers(0, t, dtype=np.int64))
-        if not _one_bernoulli_exp_neg_fraction(uniform, t, rng):
-            continue
-        successes = 0
-        while _one_bernoulli_exp_neg_one(rng):
-            successes += 1
-        geometric = (uniform + t * successes) // s
-        negative = int(rng.integers(0, 2, dtype=np.int64)) == 1
-        if not (negative and geometric == 0):
-            return -geometric if negative else geometric
+    out = [0] * total
+    pending = list(range(total))
+    while pending:
+        uniform = _draws(rng, t, len(pending))
+        kept = [
+            i for i, heads in enumerate(_few_bernoulli_exp_neg_fraction(uniform, t, rng)) if heads
+        ]
+        successes = _few_geometric_exp_neg_one(len(kept), rng)
+        negative = _draws(rng, 2, len(kept))
+        finished = set()
+        for i, count, sign in zip(kept, successes, negative, strict=True):
+            geometric = (uniform[i] + t * count) // s
+            if not (sign == 1 and geometric == 0):
+                out[pending[i]] = -geometric if sign == 1 else geometric
+                finished.add(i)
+        pending = [p for i, p in enumerate(pending) if i not in finished]
+    return out
 
 
-def _one_bernoulli_exp_neg_fraction(
-    numerator: int, denominator: int, rng: np.random.Generator
-) -> bool:
-    """:func:`_bernoulli_exp_neg_fraction` for one element, with the same draws."""
+def _draws(rng: np.random.Generator, high: int, count: int) -> list[int]:
+    """``count`` scalar draws from ``Uniform{0..high-1}``: what ``rng.integers(0, high,
+    size=count, dtype=np.int64)`` draws."""
+    return [int(rng.integers(0, high, dtype=np.int64)) for _ in range(count)]
+
+
+def _few_bernoulli_exp_neg_fraction(
+    numerators: list[int], denominator: int, rng: np.random.Generator
+) -> list[bool]:
+    """:func:`_bernoulli_exp_neg_fraction` on lists, with the same draws."""
+    result = [False] * len(numerators)
+    active = list(range(len(numerators)))
     k = 1
-    while True:
+    while active:
         if denominator * k <= _INT64_LIMIT:
-            keep_going = int(rng.integers(0, denominator * k, dtype=np.int64)) < numerator
+            draws = _draws(rng, denominator * k, len(active))
+            going = [draw < numerators[i] for i, draw in zip(active, draws, strict=True)]
         else:
-            first = int(rng.integers(0, denominator, dtype=np.int64))
-            second = int(rng.integers(0, k, dtype=np.int64))
-            keep_going = first < numerator and second == 0
-        if not keep_going:
-            return k % 2 == 1
+            first = _draws(rng, denominator, len(active))
+            second = _draws(rng, k, len(active))
+            going = [
+                a < numerators[i] and b == 0 for i, a, b in zip(active, first, second, strict=True)
+            ]
+        for i, keep_going in zip(active, going, strict=True):
+            if not keep_going:
+                result[i] = k % 2 == 1
+        active = [i for i, keep_going in zip(active, going, strict=True) if keep_going]
         k += 1
+    return result
 
 
-def _one_bernoulli_exp_neg_one(rng: np.random.Generator) -> bool:
-    """:func:`_bernoulli_exp_neg_one` for one element, with the same draws."""
+def _few_bernoulli_exp_neg_one(size: int, rng: np.random.Generator) -> list[bool]:
+    """:func:`_bernoulli_exp_neg_one` on lists, with the same draws."""
+    result = [False] * size
+    active = list(range(size))
     k = 2
-    while int(rng.integers(0, k, dtype=np.int64)) == 0:
+    while active:
+        going = [draw == 0 for draw in _draws(rng, k, len(active))]
+        for i, keep_going in zip(active, going, strict=True):
+            if not keep_going:
+                result[i] = k % 2 == 1
+        active = [i for i, keep_going in zip(active, going, strict=True) if keep_going]
         k += 1
-    return k % 2 == 1
+    return result
+
+
+def _few_geometric_exp_neg_one(size: int, rng: np.random.Generator) -> list[int]:
+    """:func:`_geometric_exp_neg_one` on lists, with the same draws."""
+    counts = [0] * size
+    active = list(range(size))
+    while active:
+        heads = _few_bernoulli_exp_neg_one(len(active), rng)
+        active = [i for i, h in zip(active, heads, strict=True) if h]
+        for i in active:
+            counts[i] += 1
+    return counts
 
 
 def interval_half_width(scale: Fraction, confidence: float = 0.95) -> int:

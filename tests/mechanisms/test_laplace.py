@@ -301,32 +301,42 @@ def test_expected_abs_is_zero_for_a_scale_too_small_to_move_a_count() -> None:
     "scale",
     [Fraction(1), Fraction(1, 3), Fraction(7, 2), Fraction(100), Fraction(2**40 + 1, 2**5)],
 )
-def test_one_draw_is_the_vectorized_draw_on_one_element(scale: Fraction) -> None:
-    """A one-number release takes the scalar path; it must be the vectorized sampler on one
-    element draw for draw (same values, generator left in the same state), so its distribution
-    is the one the PMF test checks and fixed-seed answers do not depend on the path."""
-    one = np.random.Generator(np.random.PCG64(3))
-    many = np.random.Generator(np.random.PCG64(3))
+def test_few_draws_are_the_vectorized_draws(scale: Fraction) -> None:
+    """Up to ``_FEW`` values take the list path; it must be the vectorized sampler draw for
+    draw (same values, generator left in the same state) at every size, so its distribution is
+    the one the PMF test checks and fixed-seed answers do not depend on the path."""
     t, s = scale.numerator, scale.denominator
-    scalar = [int(sample_discrete_laplace(scale, 1, one)[0]) for _ in range(2000)]
-    vectorized = [int(laplace._many_discrete_laplace(t, s, 1, many)[0]) for _ in range(2000)]
-    assert scalar == vectorized
-    assert one.integers(0, 2**62) == many.integers(0, 2**62)
-    assert len(set(scalar)) > 1
+    for size in range(laplace._FEW + 3):
+        few = np.random.Generator(np.random.PCG64(size))
+        many = np.random.Generator(np.random.PCG64(size))
+        listed = [x for _ in range(60) for x in laplace._few_discrete_laplace(t, s, size, few)]
+        arrays = [
+            x for _ in range(60) for x in laplace._many_discrete_laplace(t, s, size, many).tolist()
+        ]
+        assert listed == arrays
+        assert few.integers(0, 2**62) == many.integers(0, 2**62)
+    assert sample_discrete_laplace(scale, 1, _rng(9)).tolist() == [
+        laplace._few_discrete_laplace(t, s, 1, _rng(9))[0]
+    ]
 
 
 @pytest.mark.parametrize(("numerator", "denominator"), [(3, 7), (2**61, 2**62)])
-def test_one_bernoulli_is_the_vectorized_bernoulli(numerator: int, denominator: int) -> None:
-    """The scalar Bernoulli(exp(-n/d)) draws as the vectorized one does (``d = 2**62``: the
+def test_few_bernoullis_are_the_vectorized_bernoullis(numerator: int, denominator: int) -> None:
+    """Bernoulli(exp(-n/d)) on lists draws as the vectorized one does (``d = 2**62``: the
     overflow-safe path)."""
-    one = np.random.Generator(np.random.PCG64(4))
+    few = np.random.Generator(np.random.PCG64(4))
     many = np.random.Generator(np.random.PCG64(4))
-    single = np.array([numerator], dtype=np.int64)
-    scalar = [
-        laplace._one_bernoulli_exp_neg_fraction(numerator, denominator, one) for _ in range(500)
+    numerators = [numerator, 0, numerator // 2, numerator]
+    listed = [
+        x
+        for _ in range(200)
+        for x in laplace._few_bernoulli_exp_neg_fraction(numerators, denominator, few)
     ]
-    vectorized = [
-        bool(laplace._bernoulli_exp_neg_fraction(single, denominator, many)[0]) for _ in range(500)
+    array = np.array(numerators, dtype=np.int64)
+    arrays = [
+        bool(x)
+        for _ in range(200)
+        for x in laplace._bernoulli_exp_neg_fraction(array, denominator, many)
     ]
-    assert scalar == vectorized and len(set(scalar)) == 2
-    assert one.integers(0, 2**62) == many.integers(0, 2**62)
+    assert listed == arrays and len(set(listed)) == 2
+    assert few.integers(0, 2**62) == many.integers(0, 2**62)
