@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+import pkgutil
 from pathlib import Path
 
 import duckdb
@@ -13,6 +15,20 @@ import dpsql
 from dpsql.engine.demo import DEMO_POLICY, build_demo
 from dpsql.engine.results import QueryResult
 from dpsql.engine.session import set_policy
+
+
+@pytest.fixture(scope="session", autouse=True)
+def every_dpsql_module_imported() -> None:
+    """Import every dpsql module before any test patches one of its functions.
+
+    Broken twins (and other tests) replace a function by its module attribute. A module first
+    imported while a replacement is in place (dpsql imports heavy modules lazily) would bind the
+    replacement by name and keep it after the test: a twin hidden from its test, or later tests
+    run against a broken function, depending on the order the suite runs in.
+    """
+    for module in pkgutil.walk_packages(dpsql.__path__, "dpsql."):
+        if not module.name.endswith("__main__"):
+            importlib.import_module(module.name)
 
 
 @pytest.fixture

@@ -411,7 +411,7 @@ def test_the_suite_catches_each_broken_twin(
 ) -> None:
     caught, targets, broken, queries = TWINS[twin]
     for target in (targets,) if isinstance(targets, str) else targets:
-        monkeypatch.setattr(target, broken)
+        monkeypatch.setattr(target, broken)  # every module is imported (conftest.py)
 
     @_settings(max(EXAMPLES, 40))
     @given(queries, people())
