@@ -249,7 +249,10 @@ def parse(sql: str, dialect: str = "duckdb") -> ParsedQuery:
     _check_nesting(sql, tokens)
     try:
         with refusing_deep_recursion():
-            statements = sqlglot.parse(text, read=dialect)
+            if text == sql:  # no OPTIONS clause was lifted: parse the tokens already read
+                statements = dialect_class.parser().parse(tokens, text)
+            else:
+                statements = sqlglot.parse(text, read=dialect)
     except ParseError as error:
         detail = error.errors[0] if error.errors else {}
         description = str(detail.get("description", error)).split(". Line")[0]
