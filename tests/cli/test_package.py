@@ -1,6 +1,6 @@
 """The CLI package's shape: every module imports on its own (no import circle), starting the
-command line loads neither the service (FastAPI, uvicorn, the HTTP client) nor dp-accounting nor
-NumPy, and the console script's process settings (``run``)."""
+command line loads neither the service (FastAPI, uvicorn, the HTTP client) nor dp-accounting,
+rich or NumPy, and the console script's process settings (``run``)."""
 
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ def test_every_module_imports_first_in_a_fresh_interpreter(module: str) -> None:
     assert "Usage: dpsql" in done.stdout
 
 
-def test_help_loads_no_service_and_no_accountant_library() -> None:
-    heavy = ["fastapi", "uvicorn", "starlette", "httpx", "dp_accounting", "jinja2"]
+def test_help_loads_no_service_no_accountant_library_and_no_rich() -> None:
+    heavy = ["fastapi", "uvicorn", "starlette", "httpx", "dp_accounting", "jinja2", "rich"]
     code = (
         "import sys; from dpsql.cli import main; main(['--help']); "
         f"print([m for m in {heavy!r} if m in sys.modules])"

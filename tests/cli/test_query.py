@@ -204,11 +204,15 @@ def test_displayed_values_are_rounded_to_their_noise() -> None:
     ]
 
 
-def test_a_count_loads_no_data_frames_and_no_service(db: str) -> None:
+@pytest.mark.parametrize(("output_format", "printer"), [("table", []), ("json", ["rich"])])
+def test_a_count_loads_no_data_frames_and_no_service(
+    db: str, output_format: str, printer: list[str]
+) -> None:
     """A query answered as rows imports neither pandas nor pyarrow (0.3 s of start), nor the
-    service or the plotting libraries."""
+    service or the plotting libraries; printed as JSON, not rich either."""
     unneeded = ["pandas", "pyarrow", "fastapi", "uvicorn", "jinja2", "matplotlib", "scipy"]
-    args = ["query", "--db", db, "--analyst", "bob", "--epsilon", "0.5"]
+    unneeded += printer
+    args = ["query", "--db", db, "--analyst", "bob", "--epsilon", "0.5", "--format", output_format]
     code = (
         "import sys; from dpsql.cli import main; "
         f"assert main({[*args, 'SELECT COUNT(*) AS n FROM requests']!r}) == 0; "
