@@ -42,22 +42,22 @@ def demo(directory: str, rows: int, then_serve: bool) -> None:
     policy_file = Path(directory) / "policy.toml"
     policy_file.write_text(demo_data.DEMO_POLICY, encoding="utf-8")
     set_policy(database, policy_file)
-    console.print(f"Built {database} ({rows} generated rows) with policy {policy_file}.\n")
+    console().print(f"Built {database} ({rows} generated rows) with policy {policy_file}.\n")
     with connect(database, analyst="alice") as session:
         for title, sql in demo_data.DEMO_QUERIES:
-            console.print(title, style="bold")
-            console.print(f"  {sql}")
+            console().print(title, style="bold")
+            console().print(f"  {sql}")
             print_result(session.execute(sql), "table", max_rows=12)
-            console.print()
+            console().print()
         refused = "SELECT country, MAX(bytes) FROM requests GROUP BY country"
-        console.print("A query dpsql refuses (no charge)", style="bold")
-        console.print(f"  {refused}")
+        console().print("A query dpsql refuses (no charge)", style="bold")
+        console().print(f"  {refused}")
         try:
             session.execute(refused)
         except DpsqlError as error:
-            console.print(f"  refused: {error}\n")
+            console().print(f"  refused: {error}\n")
         print_budget(session.budget(), "table")
-    console.print(
+    console().print(
         f"Try: dpsql query --db {database} --analyst alice "
         '"SELECT country, COUNT(*) FROM requests GROUP BY country"'
     )

@@ -1,20 +1,22 @@
 """Every printer of the command line: tables on stdout through one ``rich`` console, CSV, JSON.
 
 A printer takes what the engine returned and an output format (``table``, ``json`` or ``csv``)
-and writes it; commands decide nothing about layout.
+and writes it; commands decide nothing about layout. rich loads when the console is first used
+(``console()``), so that ``--help`` and JSON or CSV output start without it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from dpsql.engine.publishing import (
         CommonItemsResult,
         DecodedRow,
@@ -44,9 +46,15 @@ __all__ = [
     "print_tokens",
 ]
 
-console = Console(highlight=False, markup=False, soft_wrap=True)
-if not console.is_terminal or console.width < 160:
-    console.width = 160
+@functools.cache
+def console() -> Console:
+    """The console on stdout that tables and messages are printed to, made on first use."""
+    from rich.console import Console
+
+    made = Console(highlight=False, markup=False, soft_wrap=True)
+    if not made.is_terminal or made.width < 160:
+        made.width = 160
+    return made
 
 
 def _number(value: Any) -> str:
@@ -88,12 +96,14 @@ def _shown(columns: list[str], row: list[Any], result: QueryResult) -> list[Any]
 
 
 def print_table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
+    from rich.table import Table
+
     table = Table(title=title, title_justify="left")
     for column in columns:
         table.add_column(column)
     for row in rows:
         table.add_row(*(_number(v) for v in row))
-    console.print(table)
+    console().print(table)
 
 
 def print_csv(columns: list[str], rows: list[list[Any]]) -> None:
@@ -127,12 +137,12 @@ def print_result(
         return
     print_table(title, columns, [_shown(columns, row, result) for row in rows[:max_rows]])
     if max_rows is not None and len(rows) > max_rows:
-        console.print(f"... {len(rows)} rows in all (first {max_rows} shown)")
+        console().print(f"... {len(rows)} rows in all (first {max_rows} shown)")
     for warning in result.details.get("warnings", []):
-        console.print(f"warning: {warning}")
+        console().print(f"warning: {warning}")
     for name, measured in result.measures.items():
-        console.print(f"{name} measures: {measured}")
-    console.print(
+        console().print(f"{name} measures: {measured}")
+    console().print(
         f"spent epsilon={result.epsilon:g} delta={result.delta:g} "
         f"({result.mechanism}); intervals are {result.confidence:.0%} confidence; "
         f"ledger entry {result.ledger_entry}"
@@ -171,7 +181,7 @@ def print_schema(schema: dict[str, Any], output_format: str) -> None:
         return
     dataset = schema["dataset"]
     default = dataset["default_query_epsilon"]
-    console.print(
+    console().print(
         f"dataset {dataset['name']}: default epsilon "
         f"{'none (give one per query)' if default is None else _number(default)}, "
         f"default delta {_number(dataset['default_query_delta'])}, "
@@ -206,7 +216,7 @@ def print_schema(schema: dict[str, Any], output_format: str) -> None:
         )
         print_table(title, ["column", "type"], [[c["name"], c["type"]] for c in table["columns"]])
     for line in schema["budget"]:
-        console.print(
+        console().print(
             f"{line['scope']} {line['name']}: epsilon {_number(line['epsilon_remaining'])} of "
             f"{_number(line['epsilon_cap'])} remaining, delta {_number(line['delta_remaining'])}"
         )
@@ -226,19 +236,19 @@ def print_stream(opened: dict[str, Any], output_format: str) -> None:
         return
     rows = [[k, json.dumps(v) if isinstance(v, list | dict) else v] for k, v in opened.items()]
     print_table(f"Stream {opened['name']}", ["field", "value"], rows)
-    console.print(
+    console().print(
         f"charged epsilon={opened['epsilon']:g} delta={opened['delta']:g} once; COUNT(*) "
         f"queries whose WHERE is {' AND '.join([*opened['filters'], '']) or ''}conditions on "
         f"{opened['key_column']} only are now answered from it"
     )
     stated = opened.get("stated_error") or {}
     if "stated" in stated:
-        console.print(
+        console().print(
             f"it will state errors of about ±{stated['stated']:.4g} "
             f"({stated['confidence']:.0%} intervals; see stated_error)"
         )
     for warning in stated.get("warnings", []):
-        console.print(f"warning: {warning}")
+        console().print(f"warning: {warning}")
 
 
 # Reports. ------------------------------------------------------------------------------------
@@ -283,26 +293,26 @@ def print_plan(planned: ReportPlan, output_format: str) -> None:
         ],
         rows,
     )
-    console.print(f"rule: {data['allocation_rule']}")
+    console().print(f"rule: {data['allocation_rule']}")
     if data.get("minimax_driver"):
         driver = data["minimax_driver"]
         relative = driver["relative_error"]
-        console.print(
+        console().print(
             f"minimax driver: {driver['why']}"
             + ("" if relative is None else f"; every relative error is ±{relative:.1%}")
         )
     total = data["total"]
-    console.print(
+    console().print(
         f"total: epsilon={total['epsilon']:.10g} ({total['epsilon_units']} units of 1e-9), "
         f"delta={total['delta']:.10g}"
     )
     for line in data["draws_on"]:
-        console.print(
+        console().print(
             f"{line['scope']} {line['name']}: epsilon={line['epsilon_remaining']:.10g}, "
             f"delta={line['delta_remaining']:.10g} remaining"
             + (f" in budget period {line['period']}" if line.get("period") else "")
         )
-    console.print("fits: yes" if data["fits"] else "fits: NO")
+    console().print("fits: yes" if data["fits"] else "fits: NO")
 
 
 # Published (local-DP) releases. --------------------------------------------------------------
@@ -339,7 +349,7 @@ def print_popularity(result: PopularityResult, output_format: str) -> None:
         print_csv(columns, rows)
         return
     print_table(f"Item popularity in release {result.release}", columns, rows)
-    console.print(
+    console().print(
         f"{result.persons} persons; standard error {result.std_error:.4g}; intervals are "
         f"{result.confidence:.0%} confidence per item; estimates are unbiased, unclipped (may "
         f"fall below 0 or above {result.persons}); free (post-processing), ledger entry "
@@ -351,7 +361,7 @@ def print_common_items(result: CommonItemsResult, output_format: str) -> None:
     if output_format == "json":
         click.echo(json.dumps(result.to_dict()))
         return
-    console.print(
+    console().print(
         f"common items of {result.person_a} and {result.person_b}: {result.estimate:.4g} "
         f"(standard error {result.std_error:.4g}; unbiased, unclipped: it may be negative); "
         f"free (post-processing), ledger entry {result.ledger_entry}"
@@ -363,11 +373,11 @@ def print_decoded(row: DecodedRow, output_format: str) -> None:
     if output_format == "json":
         click.echo(json.dumps(data))
         return
-    console.print(
+    console().print(
         f"{data['person']}: {data['ones']} of {data['n']} items reported: "
         f"{', '.join(str(i) for i in data['items'])}"
     )
-    console.print(f"free (post-processing), ledger entry {data['ledger_entry']}")
+    console().print(f"free (post-processing), ledger entry {data['ledger_entry']}")
 
 
 # The service's tokens. -----------------------------------------------------------------------

@@ -1,4 +1,7 @@
-"""The CLI's progress bar: a session's progress reports drawn on stderr while a query runs."""
+"""The CLI's progress bar: a session's progress reports drawn on stderr while a query runs.
+
+rich's progress display loads only when a bar may be drawn (``ProgressDisplay``).
+"""
 
 from __future__ import annotations
 
@@ -9,19 +12,13 @@ import time
 from collections.abc import Iterator
 from datetime import timedelta
 from types import TracebackType
+from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    Progress,
-    ProgressColumn,
-    Task,
-    TaskID,
-    TaskProgressColumn,
-    TextColumn,
-)
-from rich.text import Text
+
+if TYPE_CHECKING:
+    from rich.console import Console
+    from rich.progress import ProgressColumn, TaskID
 
 __all__ = ["PROGRESS_DELAY_SECONDS", "ProgressDisplay", "progress_display", "progress_option"]
 
@@ -49,15 +46,17 @@ PROGRESS_DELAY_SECONDS = 0.5
 """A query that finishes sooner shows no progress bar at all."""
 
 
-class _Elapsed(ProgressColumn):
-    """Time since the display began (stages are separate tasks, each with its own clock)."""
+def _elapsed(start: float) -> ProgressColumn:
+    """A column of the time since ``start``, when the display began (stages are separate
+    tasks, each with its own clock)."""
+    from rich.progress import ProgressColumn, Task
+    from rich.text import Text
 
-    def __init__(self, start: float):
-        super().__init__()
-        self._start = start
+    class Elapsed(ProgressColumn):
+        def render(self, task: Task) -> Text:
+            return Text(str(timedelta(seconds=int(time.monotonic() - start))))
 
-    def render(self, task: Task) -> Text:
-        return Text(str(timedelta(seconds=int(time.monotonic() - self._start))))
+    return Elapsed()
 
 
 class ProgressDisplay:
@@ -70,11 +69,14 @@ class ProgressDisplay:
     """
 
     def __init__(self, delay: float = PROGRESS_DELAY_SECONDS, console: Console | None = None):
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn
+
         self._bar = Progress(
             TextColumn("{task.description}"),
             BarColumn(),
             TaskProgressColumn(),
-            _Elapsed(time.monotonic()),
+            _elapsed(time.monotonic()),
             console=console or Console(stderr=True, highlight=False, markup=False),
             transient=True,
             redirect_stdout=False,

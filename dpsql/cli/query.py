@@ -160,7 +160,7 @@ def contributions(
         for key, value in result.details["suggested"].items():
             current = result.details["current"][key]
             shown = "none (too few persons)" if value is None else value
-            console.print(f"suggested {key} = {shown} (policy: {current})")
+            console().print(f"suggested {key} = {shown} (policy: {current})")
 
 
 @click.command()
@@ -187,7 +187,7 @@ def result(
 
     print_result(database_result(database, entry, analyst, query_name), output_format)
     if output_format == "table":
-        console.print("fetched from the ledger's stored answers: nothing was charged again")
+        console().print("fetched from the ledger's stored answers: nothing was charged again")
 
 
 @click.command()

@@ -54,13 +54,13 @@ def run_command(spec: str, database: str, analyst: str, out: str) -> None:
     with connect(database, analyst=analyst) as session:
         done = run_report(session, load_report_spec(spec), out)
     total = done.plan.total
-    console.print(
+    console().print(
         f"report written to {done.out}/report.html: {len(done.results)} queries, "
         f"epsilon={total.epsilon:.10g}, delta={total.delta:.10g}, "
         f"ledger entry {done.ledger_entry['seq']} ({done.ledger_entry['hash']})"
     )
     seq = done.ledger_entry["seq"]
-    console.print(
+    console().print(
         f"answers stored under ledger entry {seq}, fetched again for free with "
         f"`dpsql result {seq} --query NAME` (or GET /v1/results/{seq}?query=NAME): "
         + ", ".join(done.results)

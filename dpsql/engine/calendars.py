@@ -10,9 +10,8 @@ over the bounded range (``candidates_sql``), refused when it has more than
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-import pandas as pd
 from sqlglot import exp
 
 from dpsql.errors import PolicyError
@@ -20,6 +19,9 @@ from dpsql.sql import calendar
 from dpsql.sql.analyze import temporal_pattern
 from dpsql.sql.expressions import MAX_BINS
 from dpsql.sql.shape import ColumnKind
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["bounds_sql", "calendar_bounds", "calendar_domain"]
 

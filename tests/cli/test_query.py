@@ -202,3 +202,23 @@ def test_displayed_values_are_rounded_to_their_noise() -> None:
         ["a", 2010.0, 1860.0, 2160.0],
         ["b", 0.32, 0.18, 0.51],
     ]
+
+
+@pytest.mark.parametrize(("output_format", "printer"), [("table", []), ("json", ["rich"])])
+def test_a_count_loads_no_data_frames_and_no_service(
+    db: str, output_format: str, printer: list[str]
+) -> None:
+    """A query answered as rows imports neither pandas nor pyarrow (0.3 s of start), nor the
+    service or the plotting libraries; printed as JSON, not rich either."""
+    unneeded = ["pandas", "pyarrow", "fastapi", "uvicorn", "jinja2", "matplotlib", "scipy"]
+    unneeded += printer
+    args = ["query", "--db", db, "--analyst", "bob", "--epsilon", "0.5", "--format", output_format]
+    code = (
+        "import sys; from dpsql.cli import main; "
+        f"assert main({[*args, 'SELECT COUNT(*) AS n FROM requests']!r}) == 0; "
+        f"print([m for m in {unneeded!r} if m in sys.modules])"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert done.stdout.splitlines()[-1] == "[]"
