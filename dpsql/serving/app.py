@@ -51,8 +51,18 @@ B = TypeVar("B", bound=BaseModel)
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+_AS_IS = frozenset({str, int, bool, type(None)})
+
+
 def _plain(value: Any) -> Any:
     """``value`` as strict JSON: non-finite floats become null, dates ISO text."""
+    kind = type(value)  # the common exact types first; subclasses take the general way
+    if kind in _AS_IS:
+        return value
+    if kind is list or kind is tuple:
+        return [_plain(v) for v in value]
+    if kind is dict:
+        return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
@@ -142,7 +152,8 @@ async def _query_request(request: Request, service: Service) -> models.QueryRequ
 
 def _wants_csv(request: Request) -> bool:
     """``?format=csv``, or ``Accept: text/csv`` without a ``format``."""
-    output_format = request.query_params.get("format")
+    # No query string (most requests): no parsing.
+    output_format = request.query_params.get("format") if request.scope["query_string"] else None
     if output_format is None:
         return "text/csv" in request.headers.get("accept", "")
     if output_format not in ("json", "csv"):
@@ -537,6 +548,9 @@ def create_app(settings: ServerSettings) -> FastAPI:
         ),
         default_response_class=StrictJSONResponse,
         lifespan=lifespan,
+        # FastAPI's own OpenTelemetry reports to a provider configured in the process; dpsql
+        # configures none (the access log records requests), yet each request paid to check.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.service = service
     app.openapi = lambda: _with_bearer(app)  # type: ignore[method-assign]
