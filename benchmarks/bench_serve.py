@@ -40,6 +40,12 @@ from tests.serving.load import OneWrite, connection, hammer, query
 from tests.serving.test_concurrency import ADMITTED, CAPPED, EPSILON
 
 SQL = "SELECT COUNT(*) AS n FROM requests"
+LABELS = {
+    "one write": "POST /v1/query (one write)",
+    "http": "POST /v1/query (http.client)",
+    "remote": "dpsql.connect(url) (httpx)",
+    "postgres": "PostgreSQL port (psycopg 3)",
+}
 ROOMY = DEMO_POLICY.replace("epsilon = 10.0", "epsilon = 1000000.0").replace(
     "epsilon = 4.0", "epsilon = 1000000.0"
 )
@@ -133,27 +139,24 @@ def main() -> None:
         try:
             print(f"COUNT(*) over {args.rows} rows; service with {args.workers} worker(s)")
             local_database = demo_database(Path(directory) / "local", ROOMY, args.rows)
-            added: dict[str, list[float]] = {"one write": [], "http": [], "postgres": []}
+            per_run: dict[str, list[float]] = {"one write": [], "http": [], "postgres": []}
+            loads = []
             for run in range(args.runs):
                 samples = block_latencies(
                     server, local_database, args.per_client, args.pause_ms / 1e3
                 )
                 local_median = statistics.median(samples["local"])
-                for name, differences in added.items():
+                for name, differences in per_run.items():
                     differences.append(statistics.median(samples[name]) - local_median)
+                loads.append(os.getloadavg()[0])
                 print(
                     f"1 client, {args.per_client} queries each, in rotating blocks of 10"
                     + (f" (run {run + 1} of {args.runs}" if args.runs > 1 else " (")
-                    + f"; load average {os.getloadavg()[0]:.2f}):"
+                    + f"; load average {loads[-1]:.2f}):"
                 )
                 print(f"  local Python API:              median {local_median * 1e3:.2f} ms")
-                for name, label in (
-                    ("one write", "POST /v1/query (one write)"),
-                    ("http", "POST /v1/query (http.client)"),
-                    ("remote", "dpsql.connect(url) (httpx)"),
-                    ("postgres", "PostgreSQL port (psycopg 3)"),
-                    ("paused", f"local, {args.pause_ms:g} ms idle before"),
-                ):
+                labels = {**LABELS, "paused": f"local, {args.pause_ms:g} ms idle before"}
+                for name, label in labels.items():
                     median = statistics.median(samples[name])
                     added = median - local_median
                     print(
@@ -161,15 +164,12 @@ def main() -> None:
                         f"{median / local_median:.3f} x local (adds {added * 1e3:.2f} ms)"
                     )
             if args.runs > 1:
-                for name, label in (
-                    ("one write", "POST /v1/query (one write)"),
-                    ("http", "POST /v1/query (http.client)"),
-                    ("postgres", "PostgreSQL port"),
-                ):
+                print(f"load average {min(loads):.2f}-{max(loads):.2f}; added to the local API:")
+                for name, differences in per_run.items():
                     print(
-                        f"{label} adds, per run (ms): "
-                        + ", ".join(f"{d * 1e3:.2f}" for d in added[name])
-                        + f"; median of runs {statistics.median(added[name]) * 1e3:.2f}"
+                        f"  {LABELS[name] + ':':31s}per run "
+                        + ", ".join(f"{d * 1e3:.2f}" for d in differences)
+                        + f" ms; median of runs {statistics.median(differences) * 1e3:.2f} ms"
                     )
             body = {"sql": SQL, "epsilon": 0.001}
             print("POST /v1/query with http.client keep-alive connections:")

@@ -8,6 +8,7 @@ comes from the bearer token only; every refusal is an RFC 9457 problem and charg
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import math
@@ -186,12 +187,14 @@ class _RequestRoute(APIRoute):
     """A route whose endpoint reads the request and builds the response itself.
 
     FastAPI's request handler (reading a declared body, solving dependencies, validating and
-    serialising a returned model) has nothing to do for such an endpoint, yet cost about a fifth
-    of what the service added to a query's latency; this route calls the endpoint directly. The
-    OpenAPI operation is still FastAPI's, from the route's arguments.
+    serialising a returned model) has nothing to do for such an endpoint, yet took a fifth of the
+    application's own time per query (30 of 130 us in process); this route calls the endpoint
+    directly. The OpenAPI operation is still FastAPI's, from the route's arguments.
     """
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        if list(inspect.signature(self.endpoint).parameters) != ["request"]:
+            raise TypeError(f"endpoint {self.endpoint.__name__} must take the request alone")
         return self.endpoint
 
 

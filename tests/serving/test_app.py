@@ -6,8 +6,9 @@ import enum
 from datetime import UTC, date, datetime
 
 import numpy as np
+import pytest
 
-from dpsql.serving.app import StrictJSONResponse
+from dpsql.serving.app import StrictJSONResponse, _RequestRoute
 
 
 class Level(enum.IntEnum):
@@ -33,3 +34,14 @@ def test_strict_json_renders_every_value_the_engine_gives() -> None:
         b'"when":["2024-01-31","2024-01-31T12:30:00+00:00"],'
         b'"keys":{"1":"int","2.5":"float","None":"none","level":1,"t":"u"}}'
     )
+
+
+def test_an_endpoint_must_read_the_request_itself() -> None:
+    """Endpoints are called with the request alone (FastAPI's handler, which would fill other
+    parameters, is skipped): one declaring more is refused when its route is made."""
+
+    async def with_parameter(request, seq: int):  # what FastAPI would have filled in
+        raise AssertionError("never called")
+
+    with pytest.raises(TypeError, match="with_parameter must take the request alone"):
+        _RequestRoute("/v1/x/{seq}", with_parameter, methods=["GET"])
