@@ -11,12 +11,16 @@ is bounded; the script stops by itself.
 
 The 1-client latency takes the clients (local API, HTTP, remote client, PostgreSQL port) in
 rotating blocks of 10 queries, so load from elsewhere on the machine slows all alike; the
-concurrency table's ratios are against that local median.
+concurrency table's ratios are against that local median. What the service adds is measured with
+the leanest client (``OneWrite``: one write per request, the response read to its last byte by
+httptools); ``http.client`` and ``dpsql.connect(url)`` are shown beside it, and the machine's
+load average with each run.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -32,10 +36,16 @@ import dpsql
 from dpsql.accountant.units import Cost
 from dpsql.engine.demo import DEMO_POLICY
 from tests.serving.conftest import Server, demo_database, serve, stop
-from tests.serving.load import connection, hammer, query
+from tests.serving.load import OneWrite, connection, hammer, query
 from tests.serving.test_concurrency import ADMITTED, CAPPED, EPSILON
 
 SQL = "SELECT COUNT(*) AS n FROM requests"
+LABELS = {
+    "one write": "POST /v1/query (one write)",
+    "http": "POST /v1/query (http.client)",
+    "remote": "dpsql.connect(url) (httpx)",
+    "postgres": "PostgreSQL port (psycopg 3)",
+}
 ROOMY = DEMO_POLICY.replace("epsilon = 10.0", "epsilon = 1000000.0").replace(
     "epsilon = 4.0", "epsilon = 1000000.0"
 )
@@ -45,7 +55,8 @@ def block_latencies(
     server: Server, local_database: Path, repeats: int, pause: float, block: int = 10
 ) -> dict[str, list[float]]:
     """Queries through each client in turn, in blocks of ``block``, ``repeats`` per client: the
-    local API, ``POST /v1/query`` on a keep-alive ``http.client`` connection, and the remote client
+    local API, ``POST /v1/query`` on a keep-alive socket written once per request
+    (``OneWrite``) and on a keep-alive ``http.client`` connection, and the remote client
     ``dpsql.connect(url)`` (httpx). Blocks in rotating order spread load from elsewhere on the
     machine over all three alike; within a block the process answering is warm (alternating every
     query would make each process re-read the ledger pages the other just wrote). The local API
@@ -60,6 +71,7 @@ def block_latencies(
     own work."""
     body = {"sql": SQL, "epsilon": 0.001}
     kept = connection(server.url)
+    one_write = OneWrite(server.url, server.alice, body)
     with (
         dpsql.connect(local_database, analyst="alice") as local,
         dpsql.connect(server.url, token=server.alice) as remote,
@@ -77,8 +89,12 @@ def block_latencies(
         def over_http() -> None:
             assert query(kept, server.alice, body).status == 200
 
+        def in_one_write() -> None:
+            assert one_write()[0] == 200
+
         clients = {
             "local": lambda: local.execute(SQL, epsilon=0.001),
+            "one write": in_one_write,
             "http": over_http,
             "remote": lambda: remote.execute(SQL, epsilon=0.001),
             "postgres": lambda: postgres.execute(SQL).fetchall(),
@@ -98,6 +114,7 @@ def block_latencies(
                     clients[name]()
                     samples[name].append(time.perf_counter() - began)
     kept.close()
+    one_write.close()
     return samples
 
 
@@ -122,25 +139,24 @@ def main() -> None:
         try:
             print(f"COUNT(*) over {args.rows} rows; service with {args.workers} worker(s)")
             local_database = demo_database(Path(directory) / "local", ROOMY, args.rows)
-            ratios, postgres_ratios = [], []
+            per_run: dict[str, list[float]] = {"one write": [], "http": [], "postgres": []}
+            loads = []
             for run in range(args.runs):
                 samples = block_latencies(
                     server, local_database, args.per_client, args.pause_ms / 1e3
                 )
                 local_median = statistics.median(samples["local"])
-                ratios.append(statistics.median(samples["http"]) / local_median)
-                postgres_ratios.append(statistics.median(samples["postgres"]) / local_median)
+                for name, differences in per_run.items():
+                    differences.append(statistics.median(samples[name]) - local_median)
+                loads.append(os.getloadavg()[0])
                 print(
                     f"1 client, {args.per_client} queries each, in rotating blocks of 10"
-                    + (f" (run {run + 1} of {args.runs}):" if args.runs > 1 else ":")
+                    + (f" (run {run + 1} of {args.runs}" if args.runs > 1 else " (")
+                    + f"; load average {loads[-1]:.2f}):"
                 )
                 print(f"  local Python API:              median {local_median * 1e3:.2f} ms")
-                for name, label in (
-                    ("http", "POST /v1/query (http.client)"),
-                    ("remote", "dpsql.connect(url) (httpx)"),
-                    ("postgres", "PostgreSQL port (psycopg 3)"),
-                    ("paused", f"local, {args.pause_ms:g} ms idle before"),
-                ):
+                labels = {**LABELS, "paused": f"local, {args.pause_ms:g} ms idle before"}
+                for name, label in labels.items():
                     median = statistics.median(samples[name])
                     added = median - local_median
                     print(
@@ -148,16 +164,13 @@ def main() -> None:
                         f"{median / local_median:.3f} x local (adds {added * 1e3:.2f} ms)"
                     )
             if args.runs > 1:
-                print(
-                    "POST /v1/query / local, per run: "
-                    + ", ".join(f"{r:.3f}" for r in ratios)
-                    + f"; median of runs {statistics.median(ratios):.3f}"
-                )
-                print(
-                    "PostgreSQL port / local, per run: "
-                    + ", ".join(f"{r:.3f}" for r in postgres_ratios)
-                    + f"; median of runs {statistics.median(postgres_ratios):.3f}"
-                )
+                print(f"load average {min(loads):.2f}-{max(loads):.2f}; added to the local API:")
+                for name, differences in per_run.items():
+                    print(
+                        f"  {LABELS[name] + ':':31s}per run "
+                        + ", ".join(f"{d * 1e3:.2f}" for d in differences)
+                        + f" ms; median of runs {statistics.median(differences) * 1e3:.2f} ms"
+                    )
             body = {"sql": SQL, "epsilon": 0.001}
             print("POST /v1/query with http.client keep-alive connections:")
             print("clients  median ms  p95 ms  req/s  failed  median/local  req/s / local")

@@ -8,20 +8,22 @@ comes from the bearer token only; every refusal is an RFC 9457 problem and charg
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import logging
 import math
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from datetime import date, datetime
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.routing import APIRoute
 from fastapi.staticfiles import StaticFiles
 from fastapi_offline import FastAPIOffline
 from pydantic import BaseModel, ValidationError
@@ -47,10 +49,21 @@ CONSOLE = Path(__file__).parent / "console"
 _log = logging.getLogger("dpsql.serving")
 T = TypeVar("T")
 B = TypeVar("B", bound=BaseModel)
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+_AS_IS = frozenset({str, int, bool, type(None)})
 
 
 def _plain(value: Any) -> Any:
     """``value`` as strict JSON: non-finite floats become null, dates ISO text."""
+    kind = type(value)  # the common exact types first; subclasses take the general way
+    if kind in _AS_IS:
+        return value
+    if kind is list or kind is tuple:
+        return [_plain(v) for v in value]
+    if kind is dict:
+        return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
@@ -140,7 +153,8 @@ async def _query_request(request: Request, service: Service) -> models.QueryRequ
 
 def _wants_csv(request: Request) -> bool:
     """``?format=csv``, or ``Accept: text/csv`` without a ``format``."""
-    output_format = request.query_params.get("format")
+    # No query string (most requests): no parsing.
+    output_format = request.query_params.get("format") if request.scope["query_string"] else None
     if output_format is None:
         return "text/csv" in request.headers.get("accept", "")
     if output_format not in ("json", "csv"):
@@ -169,7 +183,34 @@ def _body(model: type[BaseModel]) -> dict[str, Any]:
     return {"required": True, "content": {"application/json": {"schema": schema}}}
 
 
-router = APIRouter()
+class _RequestRoute(APIRoute):
+    """A route whose endpoint reads the request and builds the response itself.
+
+    FastAPI's request handler (reading a declared body, solving dependencies, validating and
+    serialising a returned model) has nothing to do for such an endpoint, yet took a fifth of the
+    application's own time per query (30 of 130 us in process); this route calls the endpoint
+    directly. The OpenAPI operation is still FastAPI's, from the route's arguments.
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        if list(inspect.signature(self.endpoint).parameters) != ["request"]:
+            raise TypeError(f"endpoint {self.endpoint.__name__} must take the request alone")
+        return self.endpoint
+
+
+_ROUTES: list[tuple[Callable[..., Any], dict[str, Any]]] = []
+"""Every endpoint with its route's arguments, in order; ``create_app`` adds them to the
+application's own router (an included router is one more layer each request passes)."""
+
+
+def _route(method: str, path: str, **kwargs: Any) -> Callable[[F], F]:
+    """Record an endpoint for ``create_app``."""
+
+    def record(endpoint: F) -> F:
+        _ROUTES.append((endpoint, {"path": path, "methods": [method], **kwargs}))
+        return endpoint
+
+    return record
 
 
 def _documented(
@@ -181,7 +222,7 @@ def _documented(
     csv: bool = False,
     parameters: tuple[dict[str, Any], ...] = (),
     **kwargs: Any,
-) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+) -> Callable[[F], F]:
     """Register an endpoint that needs a token, with its contract in the OpenAPI document: the
     bearer security, the refusals, and (read by the endpoint itself) a JSON ``body``, the
     ``format`` parameter and other ``parameters``."""
@@ -193,8 +234,14 @@ def _documented(
     responses: dict[int | str, dict[str, Any]] = dict(_REFUSALS)
     if csv:
         responses[200] = {"content": {"text/csv": {}}}
-    return router.api_route(
-        path, methods=[method], tags=tags, responses=responses, openapi_extra=extra, **kwargs
+    return _route(
+        method,
+        path,
+        tags=tags,
+        responses=responses,
+        openapi_extra=extra,
+        route_class_override=_RequestRoute,
+        **kwargs,
     )
 
 
@@ -408,13 +455,13 @@ async def me(request: Request) -> Response:
     return StrictJSONResponse({"name": identity.name, "role": identity.role})
 
 
-@router.get("/v1/health", tags=["session"])
+@_route("GET", "/v1/health", tags=["session"])
 async def health() -> dict[str, str]:
     """Liveness; needs no token and says nothing about the data."""
     return {"status": "ok", "version": VERSION}
 
 
-@router.get("/", include_in_schema=False)
+@_route("GET", "/", include_in_schema=False)
 async def console() -> FileResponse:
     """The web console; its scripts come from this origin only."""
     return FileResponse(
@@ -504,10 +551,14 @@ def create_app(settings: ServerSettings) -> FastAPI:
         ),
         default_response_class=StrictJSONResponse,
         lifespan=lifespan,
+        # FastAPI's own OpenTelemetry reports to a provider configured in the process; dpsql
+        # configures none (the access log records requests), yet each request paid to check.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.service = service
     app.openapi = lambda: _with_bearer(app)  # type: ignore[method-assign]
-    app.include_router(router)
+    for endpoint, arguments in _ROUTES:
+        app.router.add_api_route(endpoint=endpoint, **arguments)
     app.mount("/console", StaticFiles(directory=CONSOLE), name="console")
     app.add_exception_handler(DpsqlError, _refused)
     app.add_exception_handler(RequestValidationError, _invalid)

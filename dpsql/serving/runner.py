@@ -25,6 +25,7 @@ the last check: an edited ledger stops the service within that time (``LedgerErr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -145,10 +146,52 @@ class EngineRunner:
 
         Raise ``RunnerTimeout`` past ``timeout`` seconds (time queued included).
         """
-        future = self._executor.submit(self._run, work, analyst, time.monotonic() + timeout)
+        loop = asyncio.get_running_loop()
+        answer: asyncio.Future[T] = loop.create_future()
+        ends = time.monotonic() + timeout
+
+        def call() -> None:  # on the engine thread: hands the outcome straight to the loop
+            try:
+                outcome = self._run(work, analyst, ends)
+            except BaseException as error:
+                _hand_over(loop, answer, None, error)
+            else:
+                _hand_over(loop, answer, outcome, None)
+
+        future = self._executor.submit(call)
+        expired = RunnerTimeout()
+        timer = loop.call_later(timeout, _settle, answer, None, expired)
         try:
-            return await asyncio.wait_for(asyncio.wrap_future(future), timeout)
-        except TimeoutError:
-            if not future.cancel():  # running: stop it; queued: it never starts
+            return await answer
+        except RunnerTimeout as error:
+            # The loop's timer (not the call's own deadline, which already stopped the call):
+            # stop the call if it runs; a queued one never starts.
+            if error is expired and not future.cancel():
                 self._interrupt()
-            raise RunnerTimeout from None
+            raise
+        except asyncio.CancelledError:
+            future.cancel()  # queued: it never starts
+            raise
+        finally:
+            timer.cancel()
+
+
+def _settle(answer: asyncio.Future[T], outcome: T | None, error: BaseException | None) -> None:
+    """Give ``answer`` its outcome unless it has one (the time limit's, or a cancellation)."""
+    if answer.done():
+        return
+    if error is None:
+        answer.set_result(outcome)  # type: ignore[arg-type]
+    else:
+        answer.set_exception(error)
+
+
+def _hand_over(
+    loop: asyncio.AbstractEventLoop,
+    answer: asyncio.Future[T],
+    outcome: T | None,
+    error: BaseException | None,
+) -> None:
+    """From the engine thread: settle ``answer`` on its event loop (gone if it closed)."""
+    with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits for the answer
+        loop.call_soon_threadsafe(_settle, answer, outcome, error)

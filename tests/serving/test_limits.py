@@ -59,6 +59,41 @@ def test_a_timeout_after_the_charge_keeps_the_charge(tmp_path: Path) -> None:
         runner.close()
 
 
+def test_a_call_queued_past_its_limit_never_runs(tmp_path: Path) -> None:
+    """Time queued counts: a call still waiting for the engine thread when its limit passes is
+    answered with a timeout and never starts; the call ahead of it is answered."""
+    database = demo_database(tmp_path)
+    runner = EngineRunner(database)
+    started: list[str] = []
+
+    def slow(session):
+        started.append("slow")
+        time.sleep(0.6)
+        return "slow answer"
+
+    def queued(session):
+        started.append("queued")
+        return "queued answer"
+
+    async def both():
+        return await asyncio.gather(
+            runner.run(slow, analyst="alice", timeout=30),
+            runner.run(queued, analyst="alice", timeout=0.2),
+            return_exceptions=True,
+        )
+
+    try:
+        began = time.monotonic()
+        first, second = asyncio.run(both())
+        assert first == "slow answer"
+        assert isinstance(second, RunnerTimeout)
+        time.sleep(0.2)
+        assert started == ["slow"]
+        assert time.monotonic() - began < 5
+    finally:
+        runner.close()
+
+
 def test_a_running_scan_is_interrupted_at_the_limit(tmp_path: Path) -> None:
     """A call past its limit is answered with a timeout and DuckDB is stopped mid-scan; the
     worker's next call runs normally."""
