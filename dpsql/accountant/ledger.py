@@ -273,18 +273,22 @@ class Ledger:
         """Check the hash chain and every entry's total; return the number of entries.
 
         Raises ``LedgerError`` naming the first entry that was edited, deleted or reordered.
+        The charges it reads and checks join the cache of charges (in order, each once), so the
+        first charge after it parses no entry again.
         """
         previous, expected_seq = _GENESIS, 1
         entries = self._rows()
         for entry in entries:
-            problem = None
+            problem, read = None, None
             if entry.seq != expected_seq:
                 problem = f"sequence gap: expected entry {expected_seq}, found {entry.seq}"
             elif entry.prev_hash != previous:
                 problem = "does not follow the entry before it (deleted or reordered entries)"
             elif entry.digest() != entry.hash:
                 problem = "its contents do not match its hash (edited)"
-            elif entry.kind == "charge" and _charge_cost(entry) != entry.cost:
+            elif entry.kind == "charge" and (
+                (read := _charge_event(entry)) is None or read[1] != entry.cost
+            ):
                 problem = "its recorded cost differs from its event tree"
             elif entry.period is not None and not periods.holds(entry.period, entry.time):
                 problem = f"its budget period {entry.period} does not hold its time"
@@ -293,6 +297,9 @@ class Ledger:
                     f"ledger {str(self.path)!r} fails verification at entry "
                     f"{entry.seq}: {problem}; all queries are stopped"
                 )
+            if read is not None and entry.seq > self._seen:
+                charge = _charge(entry.analyst, entry.cost, read[0], entry.partition)
+                self._remember(entry.seq, charge, periods.windows(entry.period, entry.time))
             previous, expected_seq = entry.hash, expected_seq + 1
         return len(entries)
 
@@ -320,9 +327,7 @@ class Ledger:
     def _limits(self, connection: sqlite3.Connection) -> Limits:
         """The limits of the policy in force, read again only when a newer policy entry
         exists (entries never change, so a policy entry's limits are its own for ever)."""
-        (seq,) = connection.execute(
-            "SELECT MAX(seq) FROM entries WHERE kind = 'policy'"
-        ).fetchone()
+        (seq,) = connection.execute("SELECT MAX(seq) FROM entries WHERE kind = 'policy'").fetchone()
         if seq is None:
             raise PolicyError(
                 "no privacy policy is set for this database; "
@@ -645,11 +650,14 @@ def _charge(analyst: str | None, cost: Cost, event: Event, partition: str | None
     return Charge(analyst, cost, leaves(event), family, values, curves(event))
 
 
-def _charge_cost(entry: LedgerEntry) -> Cost:
+def _charge_event(entry: LedgerEntry) -> tuple[Event, Cost] | None:
+    """The event tree a charge entry records and its total, or None when its payload is not
+    one."""
     try:
-        return total(event_from_dict(json.loads(entry.payload)))
+        event = event_from_dict(json.loads(entry.payload))
+        return event, total(event)
     except (ValueError, KeyError, TypeError):
-        return Cost(-1, -1)
+        return None
 
 
 def backup(source: str | Path, target: str | Path) -> None:
