@@ -31,6 +31,7 @@ from dpsql.accountant.partitions import Totals
 from dpsql.accountant.units import Cost
 from dpsql.accountant.zcdp import curves, zcdp_total
 from dpsql.errors import BudgetExceededError, LedgerError, PolicyError
+from dpsql.memo import Kept
 
 __all__ = ["BudgetLine", "Ledger", "LedgerEntry", "backup", "current_actor"]
 
@@ -203,6 +204,8 @@ class Ledger:
         self.clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
         """The time of new entries, and so their budget period (a seam for tests)."""
         self._seen = 0
+        self._events: Kept[tuple[Cost, str, Any, Any]] = Kept(64)
+        """What a charge records of an event tree (trees are immutable: kept by identity)."""
         self._policy_limits: tuple[int, Limits] | None = None
         """The sequence number of the policy entry last read, and its limits."""
         self.actor: dict[str, Any] | None = None
@@ -497,13 +500,14 @@ class Ledger:
         that must be written with the charge or not at all, such as a stream's name; it reads
         no data, the file being locked): if it raises, nothing is recorded.
         """
-        cost = total(event)
-        stored = None
+        cost, payload, steps, zcdp = self._events.get((event,), lambda: _recorded(event))
+        stored = family = values = None
         if partition is not None:
             if not partition[1]:
                 raise ValueError("a partitioned charge needs at least one value")
-            stored = json.dumps({"family": partition[0], "values": sorted(set(partition[1]))})
-        new = _charge(analyst, cost, event, stored)
+            family, values = partition[0], tuple(str(v) for v in sorted(set(partition[1])))
+            stored = json.dumps({"family": family, "values": sorted(set(partition[1]))})
+        new = Charge(analyst, cost, steps, family, values, zcdp)
         with self._transaction() as connection:
             limits = self._limits(connection)
             now = self.clock()
@@ -547,7 +551,7 @@ class Ledger:
                 query=query,
                 plan=json.dumps(plan, sort_keys=True),
                 mechanism=mechanism,
-                payload=json.dumps(event_to_dict(event), sort_keys=True),
+                payload=payload,
                 partition=stored,
                 epsilon_units=cost.epsilon_units,
                 delta_units=cost.delta_units,
@@ -648,6 +652,13 @@ def _charge(analyst: str | None, cost: Cost, event: Event, partition: str | None
         if "values" in stored:
             family, values = stored["family"], tuple(str(v) for v in stored["values"])
     return Charge(analyst, cost, leaves(event), family, values, curves(event))
+
+
+def _recorded(event: Event) -> tuple[Cost, str, Any, Any]:
+    """An event tree's total, its payload as stored, and its composition steps and zCDP curves
+    (what ``_charge`` reads back from that payload)."""
+    payload = json.dumps(event_to_dict(event), sort_keys=True)
+    return total(event), payload, leaves(event), curves(event)
 
 
 def _charge_event(entry: LedgerEntry) -> tuple[Event, Cost] | None:

@@ -9,6 +9,7 @@ reason, what each output measures) beside its release.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -96,9 +97,10 @@ class QueryPlan:
     def groups(self) -> int:
         return math.prod(len(v) for v in self.key_domain.values()) if self.key_domain else 1
 
-    @property
+    @functools.cached_property
     def event(self) -> SequentialEvent:
-        """The cost tree of the family's release."""
+        """The cost tree of the family's release (one object per plan: the ledger keeps what it
+        records of a tree by its identity)."""
         return self.family.event(self)
 
     def per_person(self) -> str:
