@@ -98,6 +98,14 @@ def _positive_finite(name: str, value: object) -> Fraction:
     return exact
 
 
+def _positive_float(name: str, value: object) -> float:
+    """``value`` as a float, or ParameterError naming ``name`` unless finite and > 0 (what
+    ``float(_positive_finite(name, value))`` gives, without the exact Fraction)."""
+    if isinstance(value, float) and math.isfinite(value) and value > 0:
+        return value
+    return float(_positive_finite(name, value))
+
+
 def _positive_int(name: str, value: object) -> int:
     if isinstance(value, bool) or not isinstance(value, int | np.integer) or value <= 0:
         raise ParameterError(f"{name} must be a positive integer, got {value!r}")
@@ -342,7 +350,7 @@ def interval_half_width(scale: Fraction, confidence: float = 0.95) -> int:
     >>> interval_half_width(Fraction(10))
     30
     """
-    scale_value = float(_positive_finite("scale", scale))
+    scale_value = _positive_float("scale", scale)
     confidence = _confidence(confidence)
     a = math.exp(-1.0 / scale_value)
     bound = scale_value * (math.log(2.0) - math.log1p(a) - math.log1p(-confidence))
@@ -356,7 +364,7 @@ def expected_abs(scale: Fraction) -> float:
     >>> round(expected_abs(Fraction(10)), 2), expected_abs(Fraction(1, 2**20))
     (9.98, 0.0)
     """
-    x = 1.0 / float(_positive_finite("scale", scale))
+    x = 1.0 / _positive_float("scale", scale)
     # 2a / (1 - a²) with a = exp(-x), so that a tiny scale (a = 0) gives 0, not log(0)
     return 2.0 * math.exp(-x) / -math.expm1(-2.0 * x)
 
@@ -443,9 +451,9 @@ def _add_noise(exact: np.ndarray, scale: Fraction, rng: np.random.Generator | No
     post-processing, so neither affects privacy; together they rule out int64 overflow and keep
     every value an exact double.
     """
-    clipped = np.clip(exact, -_EXACT_FLOAT_LIMIT, _EXACT_FLOAT_LIMIT)
+    clipped = np.minimum(np.maximum(exact, -_EXACT_FLOAT_LIMIT), _EXACT_FLOAT_LIMIT)
     noisy = clipped + sample_discrete_laplace(scale, clipped.shape, rng)
-    return np.clip(noisy, -_EXACT_FLOAT_LIMIT, _EXACT_FLOAT_LIMIT)
+    return np.minimum(np.maximum(noisy, -_EXACT_FLOAT_LIMIT), _EXACT_FLOAT_LIMIT)
 
 
 def release_counts(
@@ -466,7 +474,7 @@ def release_counts(
     >>> release.values.dtype, release.scale, release.half_width
     (dtype('int64'), 1.0, 3.0)
     """
-    epsilon_value = float(_positive_finite("epsilon", epsilon))
+    epsilon_value = _positive_float("epsilon", epsilon)
     sensitivity = _positive_int("sensitivity", sensitivity)
     confidence = _confidence(confidence)
     exact = _integer_array("counts", counts)
@@ -505,9 +513,9 @@ def release_grid_sums(
     >>> release.sensitivity, release.scale
     (1.0, 1.0)
     """
-    epsilon_value = float(_positive_finite("epsilon", epsilon))
+    epsilon_value = _positive_float("epsilon", epsilon)
     sensitivity_units = _positive_int("sensitivity_units", sensitivity_units)
-    grid_value = float(_positive_finite("grid", grid))
+    grid_value = _positive_float("grid", grid)
     if math.frexp(grid_value)[0] != 0.5 or grid_value > MAX_GRID:
         raise ParameterError(f"grid must be a power of two at most 2**970, got {grid!r}")
     confidence = _confidence(confidence)
