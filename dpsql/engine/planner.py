@@ -110,6 +110,11 @@ class QueryPlan:
     def measures(self) -> dict[str, str]:
         """What each noisy output column measures: the *bounded* quantity its interval covers,
         which differs from the plain SQL answer whenever a person exceeds a bound."""
+        return dict(self._measures)
+
+    @functools.cached_property
+    def _measures(self) -> dict[str, str]:
+        """``measures()``, worded once per plan."""
         per_person = self.per_person()
         described: dict[str, str] = {}
         for output in self.shape.outputs:
