@@ -280,8 +280,11 @@ def _few_discrete_laplace(t: int, s: int, total: int, rng: np.random.Generator) 
 
 
 def _draws(rng: np.random.Generator, high: int, count: int) -> list[int]:
-    """``count`` scalar draws from ``Uniform{0..high-1}``: what ``rng.integers(0, high,
-    size=count, dtype=np.int64)`` draws."""
+    """``count`` draws from ``Uniform{0..high-1}``: what ``rng.integers(0, high, size=count,
+    dtype=np.int64)`` draws, and what as many scalar draws draw (one array call costs about
+    four scalar ones)."""
+    if count >= 4:
+        return rng.integers(0, high, size=count, dtype=np.int64).tolist()  # type: ignore[no-any-return]
     return [int(rng.integers(0, high, dtype=np.int64)) for _ in range(count)]
 
 
