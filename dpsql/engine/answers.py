@@ -23,6 +23,7 @@ from dpsql.mechanisms import (
     sketch_split,
 )
 from dpsql.mechanisms.laplace import interval_half_width, release_counts, release_grid_sums
+from dpsql.memo import Kept
 from dpsql.sql.generate import Measure, MeasureKind
 from dpsql.sql.shape import AggregateKind, GroupKey
 
@@ -57,10 +58,7 @@ def _aligned(plan: QueryPlan, rows: Rows) -> tuple[dict[str, np.ndarray], list[t
         return {n: np.array([row[where[n]]], dtype=np.int64) for n in names}, [()]
     # A row's place in the product of the key lists, found by the keys' texts; a row whose
     # spelling matches no declared key is left out (whatever the data, never a failure).
-    positions = [
-        {literal_text(v): i for i, v in enumerate(plan.key_literals[c])} for c in group_by
-    ]
-    strides = [math.prod(len(p) for p in positions[i + 1 :]) for i in range(len(positions))]
+    positions, strides, keys = _LAYOUTS.get((plan,), lambda: _layout(plan))
     at = [rows.columns.index(c) for c in group_by]
     found: list[int] = []
     kept: list[tuple[Any, ...]] = []
@@ -74,9 +72,25 @@ def _aligned(plan: QueryPlan, rows: Rows) -> tuple[dict[str, np.ndarray], list[t
         values = np.zeros(plan.groups, dtype=np.int64)
         values[found] = np.array([row[where[n]] for row in kept], dtype=np.int64)
         aligned[n] = values
-    shown = itertools.product(*(plan.key_domain[c] for c in group_by))
-    keys = [tuple(plain(v) for v in k) for k in shown]
     return aligned, keys
+
+
+_LAYOUTS: Kept[tuple[list[dict[str, int]], list[int], list[tuple[Any, ...]]]] = Kept(64)
+"""Each plan's key layout (``_layout``), kept for a plan asked again (plans never change)."""
+
+
+def _layout(
+    plan: QueryPlan,
+) -> tuple[list[dict[str, int]], list[int], list[tuple[Any, ...]]]:
+    """For each group column, each key's place by its text; the strides of the key product; and
+    every key combination as the answer shows it, in the product's order."""
+    group_by = plan.shape.group_by
+    positions = [
+        {literal_text(v): i for i, v in enumerate(plan.key_literals[c])} for c in group_by
+    ]
+    strides = [math.prod(len(p) for p in positions[i + 1 :]) for i in range(len(positions))]
+    shown = itertools.product(*(plan.key_domain[c] for c in group_by))
+    return positions, strides, [tuple(plain(v) for v in k) for k in shown]
 
 
 def laplace_answer(
