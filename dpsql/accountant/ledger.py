@@ -505,8 +505,9 @@ class Ledger:
         if partition is not None:
             if not partition[1]:
                 raise ValueError("a partitioned charge needs at least one value")
-            family, values = partition[0], tuple(str(v) for v in sorted(set(partition[1])))
-            stored = json.dumps({"family": family, "values": sorted(set(partition[1]))})
+            family, ordered = partition[0], sorted(set(partition[1]))
+            values = tuple(str(v) for v in ordered)  # as _charge reads them back from ``stored``
+            stored = json.dumps({"family": family, "values": ordered})
         new = Charge(analyst, cost, steps, family, values, zcdp)
         with self._transaction() as connection:
             limits = self._limits(connection)

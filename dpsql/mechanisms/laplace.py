@@ -305,10 +305,7 @@ def _few_bernoulli_exp_neg_fraction(
             going = [
                 a < numerators[i] and b == 0 for i, a, b in zip(active, first, second, strict=True)
             ]
-        for i, keep_going in zip(active, going, strict=True):
-            if not keep_going:
-                result[i] = k % 2 == 1
-        active = [i for i, keep_going in zip(active, going, strict=True) if keep_going]
+        active = _settle_round(result, active, going, k)
         k += 1
     return result
 
@@ -320,12 +317,18 @@ def _few_bernoulli_exp_neg_one(size: int, rng: np.random.Generator) -> list[bool
     k = 2
     while active:
         going = [draw == 0 for draw in _draws(rng, k, len(active))]
-        for i, keep_going in zip(active, going, strict=True):
-            if not keep_going:
-                result[i] = k % 2 == 1
-        active = [i for i, keep_going in zip(active, going, strict=True) if keep_going]
+        active = _settle_round(result, active, going, k)
         k += 1
     return result
+
+
+def _settle_round(result: list[bool], active: list[int], going: list[bool], k: int) -> list[int]:
+    """One round of CKS Algorithm 1 on lists: each active element that stopped at ``K = k``
+    gets its result (``k`` odd); those still going are returned, in order."""
+    for i, keep_going in zip(active, going, strict=True):
+        if not keep_going:
+            result[i] = k % 2 == 1
+    return [i for i, keep_going in zip(active, going, strict=True) if keep_going]
 
 
 def _few_geometric_exp_neg_one(size: int, rng: np.random.Generator) -> list[int]:
