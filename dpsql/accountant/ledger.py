@@ -33,7 +33,7 @@ from dpsql.accountant.zcdp import curves, zcdp_total
 from dpsql.errors import BudgetExceededError, LedgerError, PolicyError
 from dpsql.memo import Kept
 
-__all__ = ["BudgetLine", "Ledger", "LedgerEntry", "backup", "current_actor"]
+__all__ = ["BudgetLine", "Ledger", "LedgerEntry", "backup", "current_actor", "plan_text"]
 
 _GENESIS = "0" * 64
 _EVERY = "*"
@@ -89,6 +89,12 @@ _COLUMNS = (
 )
 
 
+_CATCH_UP = (
+    "SELECT seq, kind, hash, time, analyst, epsilon_units, delta_units, payload, partition, "
+    "period FROM entries WHERE seq >= ? ORDER BY seq"
+)
+"""The entry a ledger read or wrote last, and every entry after it (``Ledger._catch_up``)."""
+
 _INSERT = f"INSERT INTO entries ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
 
 
@@ -96,6 +102,17 @@ def current_actor() -> dict[str, Any]:
     """Who is acting, as recorded in every new entry: the operating-system user (the HTTP
     service adds its token's name through ``Ledger.actor``)."""
     return {"os_user": _os_user()}
+
+
+def plan_text(plan: dict[str, Any]) -> str:
+    """A plan as a charge's entry records it (JSON with sorted keys)."""
+    return json.dumps(plan, sort_keys=True)
+
+
+@functools.cache
+def _default_actor() -> str:
+    """The actor recorded when no service acts: ``current_actor()`` as JSON."""
+    return json.dumps(current_actor(), sort_keys=True)
 
 
 @functools.cache
@@ -204,6 +221,9 @@ class Ledger:
         self.clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC)
         """The time of new entries, and so their budget period (a seam for tests)."""
         self._seen = 0
+        self._known: tuple[int, str] = (0, _GENESIS)
+        """The number and hash of the last entry read in order (``_catch_up``, ``verify``) or
+        charged; (0, genesis) when none was."""
         self._events: Kept[tuple[Cost, str, Any, Any]] = Kept(64)
         """What a charge records of an event tree (trees are immutable: kept by identity)."""
         self._policy_limits: tuple[int, Limits] | None = None
@@ -257,6 +277,7 @@ class Ledger:
         try:
             connection.execute("COMMIT")
         except sqlite3.DatabaseError as error:
+            self._forget()  # what the body remembered may not be in the file
             raise LedgerError(f"cannot commit to ledger {str(self.path)!r}: {error}") from None
 
     def _rows(self, where: str = "", parameters: tuple[Any, ...] = ()) -> list[LedgerEntry]:
@@ -304,17 +325,77 @@ class Ledger:
                 charge = _charge(entry.analyst, entry.cost, read[0], entry.partition)
                 self._remember(entry.seq, charge, periods.windows(entry.period, entry.time))
             previous, expected_seq = entry.hash, expected_seq + 1
+        if entries:
+            self._caught_up(entries[-1].seq, entries[-1].hash)
+            policies = [entry for entry in entries if entry.kind == "policy"]
+            if policies:
+                self._policy_read(policies[-1].seq, policies[-1].payload)
         return len(entries)
 
+    def _catch_up(self, connection: sqlite3.Connection) -> None:
+        """Read, in one statement, the entry last read or charged and every entry after it:
+        new charges join the cache and the running totals, a new policy entry's limits replace
+        the ones in force. Inside a charge's transaction (the file locked) this is the whole
+        file's news, so the next entry follows the last one read.
+
+        The entry last read must still be there with the same hash: a ledger file changed under
+        an open ledger stops charging rather than being extended from a stale state.
+        """
+        known_seq, known_hash = self._known
+        rows = connection.execute(_CATCH_UP, (known_seq,)).fetchall()
+        if known_seq:
+            if not rows or rows[0][0] != known_seq or rows[0][2] != known_hash:
+                self._forget()
+                raise LedgerError(
+                    f"ledger {str(self.path)!r} changed under this process: entry {known_seq} "
+                    "is not the one it read; nothing was charged (open the ledger again)"
+                )
+            rows = rows[1:]
+        for seq, kind, _, time, name, e, d, payload, partition, period in rows:
+            if kind == "charge" and seq > self._seen:
+                event = event_from_dict(json.loads(payload))
+                charge = _charge(name, Cost(int(e), int(d)), event, partition)
+                self._remember(seq, charge, periods.windows(period, time))
+            elif kind == "policy":
+                self._policy_read(seq, payload)
+        if rows:
+            self._caught_up(rows[-1][0], rows[-1][2])
+
+    def _caught_up(self, seq: int, digest: str) -> None:
+        """Every entry up to ``seq`` (whose hash is ``digest``) has been read."""
+        self._known = (seq, digest)
+        self._seen = max(self._seen, seq)
+
+    def _policy_read(self, seq: int, payload: str) -> None:
+        """The policy entry ``seq`` (its payload) is the newest read: its limits are in force."""
+        if self._policy_limits is None or self._policy_limits[0] < seq:
+            self._policy_limits = (seq, Limits.from_dict(json.loads(payload)["limits"]))
+
+    def _forget(self) -> None:
+        """Drop everything read from the file (the next read reads it all again): after a
+        failed commit, what was remembered of the charge may not be in the file."""
+        self._cache = {None: []}
+        self._totals = {}
+        self._seen = 0
+        self._known = (0, _GENESIS)
+        self._policy_limits = None
+
     def _append(
-        self, connection: sqlite3.Connection, now: dt.datetime | None = None, **fields: Any
+        self,
+        connection: sqlite3.Connection,
+        now: dt.datetime | None = None,
+        after: tuple[int, str] | None = None,
+        **fields: Any,
     ) -> LedgerEntry:
-        last = connection.execute(
-            "SELECT seq, hash FROM entries ORDER BY seq DESC LIMIT 1"
-        ).fetchone()
-        seq, previous = (last[0] + 1, last[1]) if last else (1, _GENESIS)
+        """Insert the entry of ``fields`` after the last one: ``after`` (its number and hash)
+        when the caller has just read to the end of the file in this transaction, else read."""
+        if after is None:
+            after = connection.execute(
+                "SELECT seq, hash FROM entries ORDER BY seq DESC LIMIT 1"
+            ).fetchone() or (0, _GENESIS)
+        seq, previous = after[0] + 1, after[1]
         time = (now or self.clock()).isoformat(timespec="microseconds")
-        actor = json.dumps(self.actor or current_actor(), sort_keys=True)
+        actor = json.dumps(self.actor, sort_keys=True) if self.actor else _default_actor()
         known = {"seq": seq, "time": time, "dataset": self.dataset, "prev_hash": previous}
         draft = LedgerEntry(hash="", actor=actor, **known, **fields)
         entry = LedgerEntry(hash=draft.digest(), actor=actor, **known, **fields)
@@ -486,12 +567,20 @@ class Ledger:
         analyst: str,
         event: Event,
         query: str,
-        plan: dict[str, Any],
+        plan: dict[str, Any] | str,
         mechanism: str,
         partition: tuple[str, tuple[str, ...]] | None = None,
         within: Callable[[sqlite3.Connection, LedgerEntry], None] | None = None,
+        policy_entry: int | None = None,
     ) -> LedgerEntry:
         """Check both limits and record the charge atomically, or raise and record nothing.
+
+        ``policy_entry`` is the policy entry the query was planned under: when another policy
+        is in force by the time the file is locked (set meanwhile), nothing is recorded and a
+        ``PolicyError`` says so (the plan may not hold under the new policy).
+
+        ``plan`` is the plan as shown: a dict, or its text ``plan_text(plan)`` (which a caller
+        that charges the same plan again keeps, instead of writing it on every charge).
 
         ``partition`` = (family, values) when the query reads only rows whose partition column
         holds one of ``values`` (declared values, as the database spells them); such charges
@@ -510,7 +599,18 @@ class Ledger:
             stored = json.dumps({"family": family, "values": ordered})
         new = Charge(analyst, cost, steps, family, values, zcdp)
         with self._transaction() as connection:
-            limits = self._limits(connection)
+            self._catch_up(connection)  # the new charges and policy, and the last entry: one read
+            if self._policy_limits is None:
+                raise PolicyError(
+                    "no privacy policy is set for this database; "
+                    "run `dpsql policy set --db DB --file policy.toml`"
+                )
+            in_force, limits = self._policy_limits
+            if policy_entry is not None and policy_entry != in_force:
+                raise PolicyError(
+                    "the privacy policy changed while this query was planned; nothing was "
+                    "charged: ask again (it is planned under the new policy)"
+                )
             now = self.clock()
             current = periods.label(limits.period, now)
             allocation = limits.analysts.get(analyst)
@@ -520,7 +620,6 @@ class Ledger:
                 (f"dataset {self.dataset!r} cap", None, limits.dataset),
                 (f"analyst {analyst!r} allocation", analyst, allocation),
             )
-            self._charges(connection)  # the charges since the last read, once
             for name, scope, cap in checks:
                 if not self._spend(connection, limits, scope, new, now, read=False).fits_within(
                     cap
@@ -546,11 +645,12 @@ class Ledger:
             entry = self._append(
                 connection,
                 now,
+                self._known,
                 period=current,
                 kind="charge",
                 analyst=analyst,
                 query=query,
-                plan=json.dumps(plan, sort_keys=True),
+                plan=plan if isinstance(plan, str) else plan_text(plan),
                 mechanism=mechanism,
                 payload=payload,
                 partition=stored,
@@ -562,6 +662,7 @@ class Ledger:
             # Every entry before this one was read in this transaction (the file is locked), so
             # the new charge joins the cache as read, not parsed back from its payload.
             self._remember(entry.seq, new, periods.windows(entry.period, entry.time))
+            self._caught_up(entry.seq, entry.hash)
             return entry
 
     def budget(self, analyst: str | None = None) -> list[BudgetLine]:

@@ -15,7 +15,7 @@ import numpy as np
 
 from dpsql import deadline
 from dpsql.accountant.events import Event, PostProcessingEvent, total
-from dpsql.accountant.ledger import Ledger, LedgerEntry
+from dpsql.accountant.ledger import Ledger, LedgerEntry, plan_text
 from dpsql.accountant.limits import Limits
 from dpsql.accountant.units import Cost
 from dpsql.engine.accuracy import (
@@ -219,7 +219,7 @@ class Session:
         self._priced: Kept[QueryPlan] = Kept()
         """Plans of bound queries asked again with the same arguments under the same policy
         (a plan is a function of those alone), and their summaries (``Kept``)."""
-        self._shown: Kept[dict[str, Any]] = Kept()
+        self._shown: Kept[tuple[dict[str, Any], str]] = Kept()
         # Released answers and synopses live in the ledger file too: opened once per session,
         # not once per query.
         self._results = ResultStore(ledger_path(database))
@@ -430,16 +430,17 @@ class Session:
                 return answered
         plan = self._plan(shaped, epsilon, delta, mechanism, max_answers, accuracy)
         plan = with_key_hash_seed(plan, self.rng)
-        shown = self._shown.get(
-            (plan, accuracy), lambda: summary(plan, shaped.bound.shape, accuracy)
+        shown, shown_text = self._shown.get(
+            (plan, accuracy), lambda: _summary_and_text(plan, shaped.bound.shape, accuracy)
         )
         entry = self.ledger_store.charge(
             analyst=self.analyst,
             event=plan.event,
             query=shaped.normalized,
-            plan=shown,
+            plan=shown_text,
             mechanism=plan.mechanism,
             partition=plan.partition,
+            policy_entry=self._policy_entry,
         )
         post = plan.shape.post
 
@@ -713,6 +714,14 @@ def _synopsis_bounds(synopsis: Synopsis) -> str:
         f"{bounds['max_groups_per_unit']} keys per person, at most "
         f"{bounds['max_rows_per_unit']} per person in all"
     )
+
+
+def _summary_and_text(
+    plan: QueryPlan, shape: QueryShape, accuracy: float | None
+) -> tuple[dict[str, Any], str]:
+    """The plan as shown (``dpsql.engine.query.summary``) and as its charge records it."""
+    shown = summary(plan, shape, accuracy)
+    return shown, plan_text(shown)
 
 
 def _shown_errors(plan: QueryPlan) -> dict[str, float | None]:

@@ -679,3 +679,102 @@ def test_entries_record_who_acted_and_older_entries_still_verify(tmp_path: Path)
     edited.close()
     with pytest.raises(LedgerError, match="entry 2: its contents do not match its hash"):
         Ledger(path, dataset=DATASET)
+
+
+# --- one read per charge -------------------------------------------------------------------------
+
+
+def _statements(ledger: Ledger) -> list[str]:
+    """The statements ``ledger`` runs from now on (SQLite's trace of its connection)."""
+    run: list[str] = []
+    ledger._connection.set_trace_callback(run.append)
+    return run
+
+
+def test_a_charge_reads_the_file_once(ledger: Ledger) -> None:
+    """A charge locks the file, reads what is new since its last read in one statement
+    (charges, policy, the last entry), appends and commits: four statements."""
+    _charge(ledger)
+    run = _statements(ledger)
+    _charge(ledger, 0.2)
+    assert [statement.split()[0] for statement in run] == ["BEGIN", "SELECT", "INSERT", "COMMIT"]
+
+
+def test_entries_of_other_processes_between_charges_are_all_read(
+    ledger: Ledger, path: Path
+) -> None:
+    """Charges, a policy and a token event written by another ledger between two charges of
+    this one: the second charge counts them, follows the last of them in the chain, and works
+    under the new policy."""
+    _charge(ledger, 0.5)
+    other = Ledger(path, dataset=DATASET)
+    try:
+        _charge(other, 0.25, analyst="bob")
+        other.set_policy(DOCUMENT, _limits(epsilon=2.0, analysts={"alice": (0.9, 1e-6)}))
+        other.record_token_event(analyst="alice", payload={"event": "created"})
+        _charge(other, 0.125)
+    finally:
+        other.close()
+    with pytest.raises(BudgetExceededError, match="allocation"):
+        _charge(ledger, 0.3)  # 0.5 + 0.125 + 0.3 > alice's new 0.9
+    entry = _charge(ledger, 0.25)
+    assert entry.seq == 7 and entry.prev_hash == ledger.entries()[5].hash
+    reader = Ledger(path, dataset=DATASET)
+    try:
+        assert reader.verify() == 7
+        assert reader.budget() == ledger.budget()
+        assert _spent(reader)["alice"] == Cost.of(0.5) + Cost.of(0.125) + Cost.of(0.25)
+    finally:
+        reader.close()
+
+
+def test_a_charge_planned_under_an_older_policy_records_nothing(
+    ledger: Ledger, path: Path
+) -> None:
+    """The policy entry the query was planned under is checked with the file locked: a policy
+    set in between refuses the charge (the plan may not hold under it)."""
+    planned_under = ledger.policy_entry()
+    assert ledger.charge(
+        analyst="alice", event=_event(0.1), query="q", plan={}, mechanism="m",
+        policy_entry=planned_under,
+    ).seq == 2  # fmt: skip
+    other = Ledger(path, dataset=DATASET)
+    other.set_policy(DOCUMENT, _limits(epsilon=4.0))
+    other.close()
+    before = _raw(path)
+    with pytest.raises(PolicyError, match="policy changed while this query was planned"):
+        ledger.charge(
+            analyst="alice", event=_event(0.1), query="q", plan={}, mechanism="m",
+            policy_entry=planned_under,
+        )  # fmt: skip
+    assert _raw(path) == before
+    assert ledger.charge(
+        analyst="alice", event=_event(0.1), query="q", plan={}, mechanism="m",
+        policy_entry=ledger.policy_entry(),
+    ).seq == 4  # fmt: skip
+
+
+def test_a_ledger_changed_under_an_open_one_stops_charging(ledger: Ledger, path: Path) -> None:
+    """The entry a ledger read last is read again with the new ones: when it is no longer the
+    same (the file was rewritten), nothing is appended after a state that is not the file's."""
+    _charge(ledger, 0.5)
+    _tamper(path, "UPDATE entries SET hash = ? WHERE seq = 2", parameters=("f" * 64,))
+    before = _raw(path)
+    with pytest.raises(LedgerError, match="changed under this process: entry 2"):
+        _charge(ledger, 0.1)
+    assert _raw(path) == before
+
+
+def test_a_ledger_that_forgot_what_it_read_reads_it_all_again(ledger: Ledger, path: Path) -> None:
+    """After a failed commit the ledger drops what it read (it may hold a charge the file does
+    not): the next charge reads the whole file and counts exactly what is there."""
+    for epsilon in (0.5, 0.25):
+        _charge(ledger, epsilon, analyst="bob")
+    ledger._forget()
+    _charge(ledger, 0.125)
+    reader = Ledger(path, dataset=DATASET)
+    try:
+        assert reader.budget() == ledger.budget()
+        assert ledger._cache == reader._cache
+    finally:
+        reader.close()

@@ -184,6 +184,40 @@ def test_the_policy_sets_the_memory_limit_not_the_analyst(demo_db: Path) -> None
     assert [e["kind"] for e in database_ledger(demo_db)] == ["policy", "policy", "charge"]
 
 
+def test_a_policy_set_between_planning_and_the_charge_charges_nothing(
+    demo_db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session plans under the policy it last read; one set after that read and before the
+    charge (another process, just then) refuses the charge with the file locked, so no answer
+    is released under bounds the policy in force no longer declares. Asked again, the query
+    is planned under the new policy."""
+    from dpsql.accountant.ledger import Ledger
+    from dpsql.engine.demo import DEMO_POLICY
+    from dpsql.engine.policy import parse_policy
+    from dpsql.engine.session import _limits as policy_limits
+    from dpsql.engine.session import ledger_path
+
+    sql = "SELECT SUM(bytes) FROM requests"
+    with dpsql.connect(demo_db, analyst="alice") as db:
+        assert db.plan(sql, epsilon=0.5).measurements[0].sensitivity_units
+        planned_under = db.ledger_store.policy_entry()
+        tighter = parse_policy(DEMO_POLICY.replace("bounds = [0, 100000]", "bounds = [0, 1000]"))
+        other = Ledger(ledger_path(demo_db), dataset="demo")  # another process's ledger
+        other.set_policy(tighter.model_dump(mode="json"), policy_limits(tighter))
+        other.close()
+        # The race: the session's own check ran before the new policy landed.
+        monkeypatch.setattr(db.ledger_store, "policy_entry", lambda: planned_under)
+        entries = len(database_ledger(demo_db))
+        with pytest.raises(PolicyError, match="policy changed while this query was planned"):
+            db.execute(sql, epsilon=0.5)
+        assert len(database_ledger(demo_db)) == entries
+        monkeypatch.undo()
+        result = db.execute(sql, epsilon=0.5)
+    assert result.ledger_entry == entries + 1
+    shown = database_ledger(demo_db)[-1]["plan"]["measures"]["SUM(bytes)"]
+    assert "clamped to [0, 1000]" in shown
+
+
 def test_noise_has_the_stated_scale(stats_db, rng) -> None:
     """Errors of 200 groups x 15 runs match discrete Laplace(scale = L1 sens / eps).
 
