@@ -27,7 +27,9 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
-from collections.abc import Mapping, Sequence
+import re
+import secrets
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
@@ -44,6 +46,7 @@ __all__ = [
     "Histogram",
     "Measure",
     "MeasureKind",
+    "SaltedSql",
     "bounded_aggregate",
     "clipping_profile",
     "contribution_profile",
@@ -141,11 +144,73 @@ def _integral(kinds: Sequence[ColumnKind]) -> bool:
 
 
 def _constants(salt: int, purpose: str, count: int) -> tuple[int, ...]:
-    """``count`` integers in [1, 2**31 - 1) derived from the salt, one family per purpose."""
+    """``count`` integers in [1, 2**31 - 1) derived from the salt, one family per purpose
+    (the ``i``-th is the same whatever ``count``)."""
+    if isinstance(salt, _SaltSlots):
+        return tuple(salt.slot(f"{purpose}.{i}") for i in range(count))  # type: ignore[misc]
     digest = hashlib.sha256(f"{int(salt)}|{purpose}".encode()).digest()
     return tuple(
         1 + int.from_bytes(digest[5 * i : 5 * i + 5], "big") % (_PRIME - 1) for i in range(count)
     )
+
+
+class _SaltSlots:
+    """Stands in for the salt while a query's SQL is written once (``SaltedSql.of``). The salt
+    enters the text in two places only, ``_constants`` and ``_md5``, which write a slot there
+    (a random marker and the slot's name); anything else done with it raises (it is no
+    number), so no value computed from it can be written into the text unnoticed."""
+
+    def __init__(self) -> None:
+        self.marker = secrets.token_hex(12)
+
+    def slot(self, name: str) -> str:
+        return f"{self.marker}:{name}:"
+
+
+@dataclass(frozen=True)
+class SaltedSql:
+    """Generated SQL whose salt-derived parts are slots: ``fill(salt)`` is the text that
+    generating it with ``salt`` writes, for a fraction of the cost (a query asked again writes
+    its SQL once, then fills in each call's fresh salt)."""
+
+    text: str
+    slots: re.Pattern[str]
+    counts: Mapping[str, int]
+    """The constants of each purpose the text holds (the highest index, plus one)."""
+
+    @classmethod
+    def of(cls, render: Callable[[int], str]) -> SaltedSql | None:
+        """``render`` (SQL from a salt) as a template; None when it does more with the salt
+        than ``_constants`` and ``_md5`` do, or the text holds the marker elsewhere."""
+        stand_in = _SaltSlots()
+        try:
+            text = render(stand_in)  # type: ignore[arg-type]
+        except TypeError:
+            return None
+        slots = re.compile(re.escape(stand_in.marker) + r":(\w+)(?:\.(\d+))?:")
+        written = slots.findall(text)
+        if text.count(stand_in.marker) != len(written):  # the marker outside a slot
+            return None
+        counts: dict[str, int] = {}
+        for name, index in written:
+            if index:
+                counts[name] = max(counts.get(name, 0), int(index) + 1)
+        return cls(text, slots, counts)
+
+    def fill(self, salt: int) -> str:
+        """The text generated with ``salt``."""
+        salt = int(salt)
+        families: dict[str, tuple[int, ...]] = {}
+
+        def value(slot: re.Match[str]) -> str:
+            name, index = slot.group(1), slot.group(2)
+            if index is None:
+                return str(salt)
+            if name not in families:
+                families[name] = _constants(salt, name, self.counts[name])
+            return str(families[name][int(index)])
+
+        return self.slots.sub(value, self.text)
 
 
 def _integer_code(column: str, kind: ColumnKind) -> str:
@@ -158,7 +223,8 @@ def _integer_code(column: str, kind: ColumnKind) -> str:
 def _md5(salt: int, purpose: str, columns: Sequence[str]) -> str:
     """The MD5 of the salt, a purpose and the columns' text: the same on every backend."""
     text = " || '|' || ".join(f"CAST({column} AS VARCHAR)" for column in columns)
-    return f"MD5('{int(salt)}|{purpose}|' || {text})"
+    written = salt.slot("salt") if isinstance(salt, _SaltSlots) else int(salt)
+    return f"MD5('{written}|{purpose}|' || {text})"
 
 
 def _hex_code(digest: str) -> str:

@@ -24,8 +24,10 @@ from sqlglot import exp
 from dpsql.sql.analyze import analyze
 from dpsql.sql.generate import (
     Bounds,
+    Histogram,
     Measure,
     MeasureKind,
+    SaltedSql,
     bounded_aggregate,
     ranked_cells,
     rounding_offset,
@@ -778,3 +780,83 @@ def test_broken_twin_a_unit_over_its_row_bound_left_unranked_changes_answers() -
     today = _answers(connection, shape, True, **arguments)
     assert sorted(connection.execute(sql).fetchall(), key=repr) == today
     assert sorted(connection.execute(twin).fetchall(), key=repr) != today
+
+
+# --- the SQL of a plan written once, its salt filled in per query ------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    unit_type=st.sampled_from(["BIGINT", "VARCHAR", "BOOLEAN", "DOUBLE"]),
+    key_types=st.lists(st.sampled_from(["BIGINT", "VARCHAR", "DOUBLE", "BOOLEAN"]), max_size=8),
+    public=st.booleans(),
+    l0=st.integers(1, 6),
+    cap=st.one_of(st.none(), st.integers(1, 14)),
+    weighted=st.booleans(),
+    histogram=st.booleans(),
+    where=st.booleans(),
+    materialised=st.booleans(),
+    salt=st.integers(-(2**63), 2**63 - 1),
+)
+def test_a_filled_template_is_the_text_written_with_the_salt(
+    unit_type, key_types, public, l0, cap, weighted, histogram, where, materialised, salt
+) -> None:
+    """Every branch the salt enters (integer and MD5 rounding offsets, key codes of one to eight
+    columns, the salted order, weights, histograms, materialised cells): the template filled
+    with a salt is, character for character, what writing the SQL with that salt gives."""
+    columns = {"u": unit_type, "v": "DOUBLE", **{f"k{i}": t for i, t in enumerate(key_types)}}
+    keys = ", ".join(f"k{i}" for i in range(len(key_types)))
+    select = f"{keys}, COUNT(*), SUM(v), AVG(v)" if keys else "COUNT(*), SUM(v), AVG(v)"
+    text = f"SELECT {select} FROM t" + (" WHERE v > 2 AND k0 IS NOT NULL" if where and keys else "")
+    shape = _shape(text + (f" GROUP BY {keys}" if keys else ""), {"t": columns})
+    # Weights (a key release) read a ranking, so a column without public keys.
+    weighted = weighted and bool(keys) and not histogram
+    public_keys: dict[str, list[exp.Expression]] = {}
+    if public and key_types and not weighted:
+        public_keys = {"k0": [exp.Literal.number(1), exp.Literal.number(2)]}
+    arguments: dict[str, Any] = {
+        "measures": [] if histogram else [
+            ROWS, Measure("s", MeasureKind.SUM, "v", (0.0, 100.0, 1.0)),
+            Measure("c", MeasureKind.COUNT, "v", (0.0, 100.0, 1.0)),
+        ],
+        "bounds": Bounds("u", l0, 2, cap if cap is not None else 2 * l0),
+        "public_keys": public_keys,
+        "weights": (5, 3, 2, 1, 1, 1)[:l0] if weighted else None,
+        "histogram": Histogram("v", 0.0, 10.0, 4, 3) if histogram else None,
+        "cells_table": "cells" if materialised and weighted else None,
+    }  # fmt: skip
+
+    def written(salt: int) -> str:
+        return bounded_aggregate(shape, **arguments, salt=salt)
+
+    template = SaltedSql.of(written)
+    assert template is not None
+    assert template.fill(salt) == written(salt)
+    assert template.fill(salt + 1 if salt < 2**63 - 1 else 0) != template.fill(salt) or (
+        "MD5" not in template.text and "%" not in template.text
+    )
+
+
+def test_a_render_that_computes_with_the_salt_gets_no_template() -> None:
+    """The stand-in salt is no number: SQL that computes with the salt (here an offset from
+    it) cannot be turned into a template whose slots miss that value, so it is written
+    afresh every time; nor can text that holds the stand-in's marker anywhere else."""
+    shape = _shape("SELECT COUNT(*) FROM t", {"t": {"u": "BIGINT"}})
+    arguments: dict[str, Any] = {
+        "measures": [ROWS],
+        "bounds": Bounds("u", 1, 3, 3),
+        "public_keys": {},
+    }
+
+    def computing(salt: int) -> str:
+        return bounded_aggregate(shape, **arguments, salt=salt) + f" -- {salt % 7}"
+
+    assert SaltedSql.of(computing) is None
+    marker: list[str] = []
+
+    def quoting(salt: int) -> str:
+        text = bounded_aggregate(shape, **arguments, salt=salt)
+        marker.append(salt.marker)  # type: ignore[attr-defined]
+        return text + f" -- {salt.marker}"  # type: ignore[attr-defined]
+
+    assert SaltedSql.of(quoting) is None and marker
