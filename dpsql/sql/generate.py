@@ -157,14 +157,18 @@ def _constants(salt: int, purpose: str, count: int) -> tuple[int, ...]:
 class _SaltSlots:
     """Stands in for the salt while a query's SQL is written once (``SaltedSql.of``). The salt
     enters the text in two places only, ``_constants`` and ``_md5``, which write a slot there
-    (a random marker and the slot's name); anything else done with it raises (it is no
-    number), so no value computed from it can be written into the text unnoticed."""
-
-    def __init__(self) -> None:
-        self.marker = secrets.token_hex(12)
+    (the process's random ``_MARKER`` and the slot's name); anything else done with it raises
+    (it is no number), so no value computed from it can be written into the text unnoticed."""
 
     def slot(self, name: str) -> str:
-        return f"{self.marker}:{name}:"
+        return f"{_MARKER}:{name}:"
+
+
+_MARKER = secrets.token_hex(12)
+"""Drawn once per process and never written into SQL that runs, so no analyst's literal can
+hold it (``SaltedSql.of`` refuses a text holding it outside a slot all the same)."""
+
+_SLOTS = re.compile(re.escape(_MARKER) + r":(\w+)(?:\.(\d+))?:")
 
 
 @dataclass(frozen=True)
@@ -174,7 +178,6 @@ class SaltedSql:
     its SQL once, then fills in each call's fresh salt)."""
 
     text: str
-    slots: re.Pattern[str]
     counts: Mapping[str, int]
     """The constants of each purpose the text holds (the highest index, plus one)."""
 
@@ -182,20 +185,18 @@ class SaltedSql:
     def of(cls, render: Callable[[int], str]) -> SaltedSql | None:
         """``render`` (SQL from a salt) as a template; None when it does more with the salt
         than ``_constants`` and ``_md5`` do, or the text holds the marker elsewhere."""
-        stand_in = _SaltSlots()
         try:
-            text = render(stand_in)  # type: ignore[arg-type]
+            text = render(_SaltSlots())  # type: ignore[arg-type]
         except TypeError:
             return None
-        slots = re.compile(re.escape(stand_in.marker) + r":(\w+)(?:\.(\d+))?:")
-        written = slots.findall(text)
-        if text.count(stand_in.marker) != len(written):  # the marker outside a slot
+        written = _SLOTS.findall(text)
+        if text.count(_MARKER) != len(written):  # the marker outside a slot
             return None
         counts: dict[str, int] = {}
         for name, index in written:
             if index:
                 counts[name] = max(counts.get(name, 0), int(index) + 1)
-        return cls(text, slots, counts)
+        return cls(text, counts)
 
     def fill(self, salt: int) -> str:
         """The text generated with ``salt``."""
@@ -210,7 +211,7 @@ class SaltedSql:
                 families[name] = _constants(salt, name, self.counts[name])
             return str(families[name][int(index)])
 
-        return self.slots.sub(value, self.text)
+        return _SLOTS.sub(value, self.text)
 
 
 def _integer_code(column: str, kind: ColumnKind) -> str:
