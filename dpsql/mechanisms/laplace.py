@@ -226,6 +226,8 @@ def sample_discrete_laplace(
     rng = resolve_rng(rng)
     t, s = scale.numerator, scale.denominator
     total = math.prod(int(d) for d in shape)
+    if total == 1:
+        return np.array([_one_discrete_laplace(t, s, rng)], dtype=np.int64).reshape(shape)
     if total <= _FEW:
         return np.array(_few_discrete_laplace(t, s, total, rng), dtype=np.int64).reshape(shape)
     return _many_discrete_laplace(t, s, total, rng).reshape(shape)
@@ -258,7 +260,7 @@ def _few_discrete_laplace(t: int, s: int, total: int, rng: np.random.Generator) 
     ``m`` bounded integers consumes the generator exactly as ``m`` scalar draws do (a test
     compares the two samplers draw for draw), so the values are identical for a given
     generator state; only NumPy's per-call overhead, which dominates for a few elements, is
-    gone (a COUNT or SUM without GROUP BY, or a GROUP BY over a few public keys).
+    gone (a GROUP BY over a few public keys; one value takes :func:`_one_discrete_laplace`).
     """
     out = [0] * total
     pending = list(range(total))
@@ -277,6 +279,48 @@ def _few_discrete_laplace(t: int, s: int, total: int, rng: np.random.Generator) 
                 finished.add(i)
         pending = [p for i, p in enumerate(pending) if i not in finished]
     return out
+
+
+def _one_discrete_laplace(t: int, s: int, rng: np.random.Generator) -> int:
+    """One draw of :func:`sample_discrete_laplace` at scale ``t/s``: :func:`_few_discrete_laplace`
+    for one element (the same draws in the same order, a test compares them), as scalar steps
+    (an ungrouped COUNT or SUM releases one value)."""
+    while True:
+        uniform = int(rng.integers(0, t, dtype=np.int64))
+        if not _one_bernoulli_exp_neg_fraction(uniform, t, rng):
+            continue
+        successes = 0
+        while _one_bernoulli_exp_neg_one(rng):
+            successes += 1
+        negative = int(rng.integers(0, 2, dtype=np.int64)) == 1
+        geometric = (uniform + t * successes) // s
+        if not (negative and geometric == 0):
+            return -geometric if negative else geometric
+
+
+def _one_bernoulli_exp_neg_fraction(
+    numerator: int, denominator: int, rng: np.random.Generator
+) -> bool:
+    """:func:`_bernoulli_exp_neg_fraction` for one element, with the same draws."""
+    k = 1
+    while True:
+        if denominator * k <= _INT64_LIMIT:
+            going = int(rng.integers(0, denominator * k, dtype=np.int64)) < numerator
+        else:
+            first = int(rng.integers(0, denominator, dtype=np.int64))
+            second = int(rng.integers(0, k, dtype=np.int64))  # drawn whatever ``first`` is
+            going = first < numerator and second == 0
+        if not going:
+            return k % 2 == 1
+        k += 1
+
+
+def _one_bernoulli_exp_neg_one(rng: np.random.Generator) -> bool:
+    """:func:`_bernoulli_exp_neg_one` for one element, with the same draws."""
+    k = 2
+    while int(rng.integers(0, k, dtype=np.int64)) == 0:
+        k += 1
+    return k % 2 == 1
 
 
 def _draws(rng: np.random.Generator, high: int, count: int) -> list[int]:

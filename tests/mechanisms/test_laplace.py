@@ -318,6 +318,11 @@ def test_few_draws_are_the_vectorized_draws(scale: Fraction) -> None:
     assert sample_discrete_laplace(scale, 1, _rng(9)).tolist() == [
         laplace._few_discrete_laplace(t, s, 1, _rng(9))[0]
     ]
+    # One value (an ungrouped COUNT or SUM) takes the scalar path: the same draws again.
+    one, many = _rng(11), _rng(11)
+    scalars = [laplace._one_discrete_laplace(t, s, one) for _ in range(400)]
+    assert scalars == [laplace._many_discrete_laplace(t, s, 1, many).item() for _ in range(400)]
+    assert one.integers(0, 2**62) == many.integers(0, 2**62)
 
 
 @pytest.mark.parametrize(("numerator", "denominator"), [(3, 7), (2**61, 2**62)])
@@ -340,3 +345,13 @@ def test_few_bernoullis_are_the_vectorized_bernoullis(numerator: int, denominato
     ]
     assert listed == arrays and len(set(listed)) == 2
     assert few.integers(0, 2**62) == many.integers(0, 2**62)
+    one, many = np.random.Generator(np.random.PCG64(5)), np.random.Generator(np.random.PCG64(5))
+    for value in numerators * 100:
+        single = np.array([value], dtype=np.int64)
+        assert laplace._one_bernoulli_exp_neg_fraction(value, denominator, one) == bool(
+            laplace._bernoulli_exp_neg_fraction(single, denominator, many)[0]
+        )
+        assert laplace._one_bernoulli_exp_neg_one(one) == bool(
+            laplace._bernoulli_exp_neg_one(1, many)[0]
+        )
+    assert one.integers(0, 2**62) == many.integers(0, 2**62)
