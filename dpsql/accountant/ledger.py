@@ -20,6 +20,7 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from json.encoder import encode_basestring_ascii  # what json.dumps writes text with
 from pathlib import Path
 from typing import Any
 
@@ -95,6 +96,21 @@ _CATCH_UP = (
 )
 """The entry a ledger read or wrote last, and every entry after it (``Ledger._catch_up``)."""
 
+_DIGESTED = tuple(sorted(name for name in _COLUMNS if name != "hash"))
+"""The fields an entry's hash covers, in the order ``json.dumps(..., sort_keys=True)`` writes."""
+
+
+def _json_value(value: Any) -> str:
+    """``json.dumps(value)`` for an entry's field: text, integers and None written directly."""
+    if value is None:
+        return "null"
+    if type(value) is str:
+        return encode_basestring_ascii(value)
+    if type(value) is int:
+        return int.__repr__(value)
+    return json.dumps(value)
+
+
 _INSERT = f"INSERT INTO entries ({', '.join(_COLUMNS)}) VALUES ({', '.join('?' * len(_COLUMNS))})"
 
 
@@ -154,13 +170,17 @@ class LedgerEntry:
         return Cost(self.epsilon_units, self.delta_units)
 
     def digest(self) -> str:
-        """The hash this entry must carry: SHA-256 over every other field."""
-        fields = {
-            k: v
-            for k, v in zip(_COLUMNS, self.values(), strict=True)
-            if k != "hash" and not (k in ("actor", "period") and v is None)
-        }
-        return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()
+        """The hash this entry must carry: SHA-256 over every other field, as the JSON object
+        ``json.dumps(fields, sort_keys=True)`` writes (``actor`` and ``period`` left out when
+        None), written here field by field in that order, to the same text (a test compares
+        them)."""
+        members = []
+        for name in _DIGESTED:
+            value = getattr(self, name)
+            if value is None and name in ("actor", "period"):
+                continue
+            members.append(f'"{name}": {_json_value(value)}')
+        return hashlib.sha256(("{" + ", ".join(members) + "}").encode()).hexdigest()
 
     def values(self) -> tuple[Any, ...]:
         """The fields in the ledger table's column order (every field is a plain value)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import json
 import multiprocessing
@@ -13,6 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from dpsql.accountant.events import Event, MechanismEvent, ParallelEvent, SequentialEvent, total
 from dpsql.accountant.ledger import _COLUMNS, Ledger, LedgerEntry
@@ -778,3 +781,45 @@ def test_a_ledger_that_forgot_what_it_read_reads_it_all_again(ledger: Ledger, pa
         assert ledger._cache == reader._cache
     finally:
         reader.close()
+
+
+# --- the hash of an entry --------------------------------------------------------------------
+
+_TEXT = st.one_of(st.none(), st.text(max_size=40), st.text(st.characters(), max_size=400))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    fields=st.fixed_dictionaries(
+        {
+            "seq": st.integers(1, 2**62),
+            "time": st.text(max_size=40),
+            "kind": st.sampled_from(["charge", "policy", "token"]),
+            "dataset": st.text(max_size=20),
+            "analyst": _TEXT,
+            "query": _TEXT,
+            "plan": _TEXT,
+            "mechanism": _TEXT,
+            "payload": st.text(st.characters(), max_size=400),
+            "partition": _TEXT,
+            "epsilon_units": st.integers(-(2**63), 2**63),
+            "delta_units": st.integers(0, 2**70),
+            "prev_hash": st.text("0123456789abcdef", min_size=64, max_size=64),
+            "hash": st.just(""),
+            "actor": _TEXT,
+            "period": _TEXT,
+        }
+    )
+)
+def test_an_entrys_hash_is_sha256_of_its_sorted_json(fields: dict[str, Any]) -> None:
+    """The hash is written field by field; it must be the hash of what ``json.dumps`` writes
+    (every ledger ever written was hashed that way): any text (quotes, controls, non-ASCII,
+    lone surrogates), integers of any size, and None, with actor and period left out when
+    None."""
+    reference = {
+        k: v
+        for k, v in fields.items()
+        if k != "hash" and not (k in ("actor", "period") and v is None)
+    }
+    expected = hashlib.sha256(json.dumps(reference, sort_keys=True).encode()).hexdigest()
+    assert LedgerEntry(**fields).digest() == expected
