@@ -359,13 +359,13 @@ class Ledger:
         file's news, so the next entry follows the last one read.
 
         The entry last read must still be there with the same hash: a ledger file changed under
-        an open ledger stops charging rather than being extended from a stale state.
+        an open ledger stops charging (every later charge finds the same difference) rather than
+        being extended from a stale state.
         """
         known_seq, known_hash = self._known
         rows = connection.execute(_CATCH_UP, (known_seq,)).fetchall()
         if known_seq:
             if not rows or rows[0][0] != known_seq or rows[0][2] != known_hash:
-                self._forget()
                 raise LedgerError(
                     f"ledger {str(self.path)!r} changed under this process: entry {known_seq} "
                     "is not the one it read; nothing was charged (open the ledger again)"

@@ -107,14 +107,26 @@ def bounded_sql(plan: QueryPlan, salt: int, dialect: str, cells_table: str | Non
     # query shares these with the plan it came from).
     inputs = (plan.shape, plan.measurements, plan.bounds, plan.key_literals)
     weights = plan.family.unit_weights()
-    template = _SALTED.get(
-        (*inputs, None if weights is None else repr(tuple(weights)), cells_table),
-        lambda: SaltedSql.of(written),
+    kept = _SALTED.get(
+        (*inputs, None if weights is None else repr(tuple(weights)), cells_table), _PlanSql
     )
-    return written(salt) if template is None else template.fill(salt)
+    kept.uses += 1
+    if kept.uses == 1:  # a fresh text's plan is mostly used once: no template for it
+        return written(salt)
+    if kept.uses == 2:
+        kept.template = SaltedSql.of(written)
+    return written(salt) if kept.template is None else kept.template.fill(salt)
 
 
-_SALTED: Kept[SaltedSql | None] = Kept(128)
+@dataclass
+class _PlanSql:
+    """How often a plan's SQL was asked for, and its template from the second time on."""
+
+    uses: int = 0
+    template: SaltedSql | None = None
+
+
+_SALTED: Kept[_PlanSql] = Kept(128)
 
 
 def read(context: ReleaseContext, sql: str, stage: str = READING_DATA) -> pd.DataFrame:

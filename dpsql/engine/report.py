@@ -387,6 +387,7 @@ def run_report(
             "queries": {q.name: q.plan.summary() for q in plan.queries},
         },
         mechanism="report",
+        policy_entry=session.policy_entry,
     )
     ledger_entry = {**entry.to_dict(), "payload": event_to_dict(event)}
 

@@ -573,6 +573,7 @@ class Session:
             query=plan.query,
             plan=plan.summary(),
             mechanism="discrete_laplace",
+            policy_entry=self._policy_entry,
         )
         profile = contribution_profile(
             plan.table, bounds=plan.bounds, group_by=plan.group_by, dialect=self.backend.dialect
@@ -633,6 +634,7 @@ class Session:
             query=normalized,
             plan={"synopsis": synopsis.name, "keys": list(query.keys)},
             mechanism="synopsis",
+            policy_entry=self._policy_entry,
         )
         value = answer.value
         (name,) = shape.column_names
@@ -676,8 +678,15 @@ class Session:
         would be passed. Call it before the release leaves the engine.
         """
         return self.ledger_store.charge(
-            analyst=self.analyst, event=event, query=query, plan=plan, mechanism=mechanism
-        )
+            analyst=self.analyst, event=event, query=query, plan=plan, mechanism=mechanism,
+            policy_entry=self._policy_entry,
+        )  # fmt: skip
+
+    @property
+    def policy_entry(self) -> int | None:
+        """The ledger entry of the policy this session last read (``refresh_policy``): its
+        charges are refused if another policy is in force by then (``Ledger.charge``)."""
+        return self._policy_entry
 
     def act_as(self, actor: dict[str, Any] | None) -> None:
         """Record ``actor`` (e.g. the operating-system user and a service token's id) in the

@@ -325,6 +325,7 @@ class StreamDesk:
             plan={"columns": [c.to_dict() for c in plan.columns], **plan.params},
             mechanism=f"stream:{plan.mechanism}",
             within=reserve,
+            policy_entry=session.policy_entry,
         )
 
     def _stream(

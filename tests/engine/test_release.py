@@ -29,7 +29,7 @@ QUERIES = [
 
 @pytest.mark.parametrize(("sql", "options"), QUERIES)
 def test_a_plans_sql_is_the_text_written_with_each_salt(
-    demo_db: Path, sql: str, options: dict[str, object]
+    demo_db: Path, sql: str, options: dict[str, object], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """For plans of every family that reads a bounded aggregation (public groups, a key
     release with its weights, key hashes drawn per query), each call's text is the one
@@ -48,3 +48,11 @@ def test_a_plans_sql_is_the_text_written_with_each_salt(
             assert release.bounded_sql(seeded, int(salt), "spark") == bounded_aggregate(
                 seeded.shape, **release.aggregation(seeded, int(salt)), dialect="spark"
             )
+        # From the second use on, the text comes from the template alone.
+        expected = bounded_aggregate(plan.shape, **release.aggregation(plan, 99), dialect="duckdb")
+        monkeypatch.setattr(release, "bounded_aggregate", _not_written)
+        assert release.bounded_sql(plan, 99, "duckdb") == expected
+
+
+def _not_written(*arguments: object, **options: object) -> str:
+    raise AssertionError("the SQL was written afresh")
