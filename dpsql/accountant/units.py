@@ -49,10 +49,12 @@ def check_budget_value(name: str, value: float, *, allow_zero: bool) -> float:
 
 
 @functools.lru_cache(maxsize=4096, typed=True)
-def _units(value: float, resolution: Fraction, *, up: bool) -> int:
-    """``value`` in units of ``resolution``, rounded up or down (a pure function of its
-    arguments, kept per (value, type): ``True`` is refused, not taken for ``1``)."""
-    name = "epsilon" if resolution == EPSILON_RESOLUTION else "delta"
+def _units(value: float, name: str, *, up: bool) -> int:
+    """``value`` of ``name`` ("epsilon" or "delta") in units of its resolution, rounded up or
+    down (a pure function of its arguments, kept per (value, type): ``True`` is refused, not
+    taken for ``1``; keyed by the name, whose hash Python keeps, not by the resolution, a
+    Fraction whose hash is computed again at every call)."""
+    resolution = EPSILON_RESOLUTION if name == "epsilon" else DELTA_RESOLUTION
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ParameterError(f"{name} must be a number, got {value!r}")
     if not math.isfinite(value) or value < 0:
@@ -71,16 +73,12 @@ class Cost:
     @classmethod
     def of(cls, epsilon: float, delta: float = 0.0) -> Cost:
         """A charge: rounded up."""
-        return cls(
-            _units(epsilon, EPSILON_RESOLUTION, up=True), _units(delta, DELTA_RESOLUTION, up=True)
-        )
+        return cls(_units(epsilon, "epsilon", up=True), _units(delta, "delta", up=True))
 
     @classmethod
     def cap(cls, epsilon: float, delta: float = 0.0) -> Cost:
         """A cap or allocation: rounded down."""
-        return cls(
-            _units(epsilon, EPSILON_RESOLUTION, up=False), _units(delta, DELTA_RESOLUTION, up=False)
-        )
+        return cls(_units(epsilon, "epsilon", up=False), _units(delta, "delta", up=False))
 
     @property
     def epsilon(self) -> float:
