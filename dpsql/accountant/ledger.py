@@ -349,7 +349,14 @@ class Ledger:
             self._caught_up(entries[-1].seq, entries[-1].hash)
             policies = [entry for entry in entries if entry.kind == "policy"]
             if policies:
-                self._policy_read(policies[-1].seq, policies[-1].payload)
+                try:
+                    self._policy_read(policies[-1].seq, policies[-1].payload)
+                except (ValueError, KeyError, TypeError):
+                    raise LedgerError(
+                        f"ledger {str(self.path)!r} fails verification at entry "
+                        f"{policies[-1].seq}: its policy's limits cannot be read; all queries "
+                        "are stopped"
+                    ) from None
         return len(entries)
 
     def _catch_up(self, connection: sqlite3.Connection) -> None:

@@ -824,3 +824,15 @@ def test_an_entrys_hash_is_sha256_of_its_sorted_json(fields: dict[str, Any]) -> 
     }
     expected = hashlib.sha256(json.dumps(reference, sort_keys=True).encode()).hexdigest()
     assert LedgerEntry(**fields).digest() == expected
+
+
+def test_a_policy_whose_limits_cannot_be_read_fails_verification(path: Path) -> None:
+    """A re-hashed policy entry whose payload holds no limits (a forger who rewrote the chain)
+    is named on opening, as any other entry that fails verification, not a crash."""
+    ledger = Ledger(path, dataset=DATASET)
+    ledger.set_policy(DOCUMENT, _limits())
+    ledger.close()
+    _tamper(path, "UPDATE entries SET payload = '{\"document\": {}}' WHERE seq = 1")
+    _rehash(path, 1)
+    with pytest.raises(LedgerError, match="at entry 1: its policy's limits cannot be read"):
+        Ledger(path, dataset=DATASET)
