@@ -90,11 +90,15 @@ _COLUMNS = (
 )
 
 
-_CATCH_UP = (
-    "SELECT seq, kind, hash, time, analyst, epsilon_units, delta_units, payload, partition, "
-    "period FROM entries WHERE seq >= ? ORDER BY seq"
-)
+_CHARGE_COLUMNS = "time, analyst, epsilon_units, delta_units, payload, partition, period"
+"""What ``Ledger._read_charge`` reads of a charge entry besides its number, in its order."""
+
+_CATCH_UP = f"SELECT seq, kind, hash, {_CHARGE_COLUMNS} FROM entries WHERE seq >= ? ORDER BY seq"
 """The entry a ledger read or wrote last, and every entry after it (``Ledger._catch_up``)."""
+
+_NO_POLICY = (
+    "no privacy policy is set for this database; run `dpsql policy set --db DB --file policy.toml`"
+)
 
 _DIGESTED = tuple(sorted(name for name in _COLUMNS if name != "hash"))
 """The fields an entry's hash covers, in the order ``json.dumps(..., sort_keys=True)`` writes."""
@@ -347,14 +351,14 @@ class Ledger:
             previous, expected_seq = entry.hash, expected_seq + 1
         if entries:
             self._caught_up(entries[-1].seq, entries[-1].hash)
-            policies = [entry for entry in entries if entry.kind == "policy"]
-            if policies:
+            policy = next((entry for entry in reversed(entries) if entry.kind == "policy"), None)
+            if policy is not None:
                 try:
-                    self._policy_read(policies[-1].seq, policies[-1].payload)
+                    self._policy_read(policy.seq, policy.payload)
                 except (ValueError, KeyError, TypeError):
                     raise LedgerError(
                         f"ledger {str(self.path)!r} fails verification at entry "
-                        f"{policies[-1].seq}: its policy's limits cannot be read; all queries "
+                        f"{policy.seq}: its policy's limits cannot be read; all queries "
                         "are stopped"
                     ) from None
         return len(entries)
@@ -380,9 +384,7 @@ class Ledger:
             rows = rows[1:]
         for seq, kind, _, time, name, e, d, payload, partition, period in rows:
             if kind == "charge" and seq > self._seen:
-                event = event_from_dict(json.loads(payload))
-                charge = _charge(name, Cost(int(e), int(d)), event, partition)
-                self._remember(seq, charge, periods.windows(period, time))
+                self._read_charge(seq, time, name, e, d, payload, partition, period)
             elif kind == "policy":
                 self._policy_read(seq, payload)
         if rows:
@@ -393,10 +395,12 @@ class Ledger:
         self._known = (seq, digest)
         self._seen = max(self._seen, seq)
 
-    def _policy_read(self, seq: int, payload: str) -> None:
-        """The policy entry ``seq`` (its payload) is the newest read: its limits are in force."""
-        if self._policy_limits is None or self._policy_limits[0] < seq:
-            self._policy_limits = (seq, Limits.from_dict(json.loads(payload)["limits"]))
+    def _policy_read(self, seq: int, payload: str) -> Limits:
+        """The policy entry ``seq`` (its payload) is the newest read: its limits, now in force
+        (callers read policy entries in order)."""
+        limits = Limits.from_dict(json.loads(payload)["limits"])
+        self._policy_limits = (seq, limits)
+        return limits
 
     def _forget(self) -> None:
         """Drop everything read from the file (the next read reads it all again): after a
@@ -440,16 +444,12 @@ class Ledger:
         exists (entries never change, so a policy entry's limits are its own for ever)."""
         (seq,) = connection.execute("SELECT MAX(seq) FROM entries WHERE kind = 'policy'").fetchone()
         if seq is None:
-            raise PolicyError(
-                "no privacy policy is set for this database; "
-                "run `dpsql policy set --db DB --file policy.toml`"
-            )
-        if self._policy_limits is None or self._policy_limits[0] != seq:
-            (payload,) = connection.execute(
-                "SELECT payload FROM entries WHERE seq = ?", (seq,)
-            ).fetchone()
-            self._policy_limits = (seq, Limits.from_dict(json.loads(payload)["limits"]))
-        return self._policy_limits[1]
+            raise PolicyError(_NO_POLICY)
+        if self._policy_limits is not None and self._policy_limits[0] == seq:
+            return self._policy_limits[1]
+        query = "SELECT payload FROM entries WHERE seq = ?"
+        (payload,) = connection.execute(query, (seq,)).fetchone()
+        return self._policy_read(seq, payload)
 
     def _charges(
         self, connection: sqlite3.Connection, analyst: str | None = None
@@ -458,15 +458,30 @@ class Ledger:
         only new entries are read, and each updates the running totals of the dataset and its
         analyst in every window it counts in."""
         rows = connection.execute(
-            "SELECT seq, time, analyst, epsilon_units, delta_units, payload, partition, period "
-            "FROM entries WHERE kind = 'charge' AND seq > ? ORDER BY seq",
+            f"SELECT seq, {_CHARGE_COLUMNS} FROM entries WHERE kind = 'charge' AND seq > ? "
+            "ORDER BY seq",
             (self._seen,),
         ).fetchall()
-        for seq, time, name, e, d, payload, partition, period in rows:
-            event = event_from_dict(json.loads(payload))
-            charge = _charge(name, Cost(int(e), int(d)), event, partition)
-            self._remember(seq, charge, periods.windows(period, time))
+        for seq, *charged in rows:
+            self._read_charge(seq, *charged)
         return self._cache.setdefault(analyst, [])
+
+    def _read_charge(
+        self,
+        seq: int,
+        time: str,
+        analyst: str,
+        epsilon_units: int,
+        delta_units: int,
+        payload: str,
+        partition: str | None,
+        period: str | None,
+    ) -> None:
+        """Parse the charge entry ``seq`` read from the file (``_CHARGE_COLUMNS``) and
+        remember it (``_remember``)."""
+        event = event_from_dict(json.loads(payload))
+        charge = _charge(analyst, Cost(int(epsilon_units), int(delta_units)), event, partition)
+        self._remember(seq, charge, periods.windows(period, time))
 
     def _remember(self, seq: int, charge: Charge, windows: tuple[str | None, ...]) -> None:
         """Add the charge of entry ``seq`` to the cache and the running totals; every entry up
@@ -628,10 +643,7 @@ class Ledger:
         with self._transaction() as connection:
             self._catch_up(connection)  # the new charges and policy, and the last entry: one read
             if self._policy_limits is None:
-                raise PolicyError(
-                    "no privacy policy is set for this database; "
-                    "run `dpsql policy set --db DB --file policy.toml`"
-                )
+                raise PolicyError(_NO_POLICY)
             in_force, limits = self._policy_limits
             if policy_entry is not None and policy_entry != in_force:
                 raise PolicyError(

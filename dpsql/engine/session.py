@@ -678,9 +678,13 @@ class Session:
         would be passed. Call it before the release leaves the engine.
         """
         return self.ledger_store.charge(
-            analyst=self.analyst, event=event, query=query, plan=plan, mechanism=mechanism,
+            analyst=self.analyst,
+            event=event,
+            query=query,
+            plan=plan,
+            mechanism=mechanism,
             policy_entry=self._policy_entry,
-        )  # fmt: skip
+        )
 
     @property
     def policy_entry(self) -> int | None:
