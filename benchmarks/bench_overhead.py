@@ -10,6 +10,9 @@ the machine slows both sides alike; each figure is the median over ``--repeats``
 
 - ``repeated``: the same text each call (a dashboard's refresh: the session's bound queries are
   reused, ``dpsql.engine.query.BoundQueries``);
+- ``new values``: the same query with other literals each call (an analyst trying values, a
+  dashboard's filter): bound from the query's template (``dpsql.engine.prepared``), so the text
+  is tokenized, not parsed. Its ``duckdb`` baseline is the SQL generated for these texts;
 - ``fresh text``: a different text each call (a comment with a counter), so every call parses,
   checks and binds.
 
@@ -36,7 +39,7 @@ import os
 import statistics
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import duckdb
@@ -55,6 +58,14 @@ SHAPES = {
     "WHERE age BETWEEN 30 AND 50 AND device = 'mobile'",
     "GROUP BY public keys": "SELECT country, COUNT(*) FROM requests GROUP BY country",
 }
+
+NEW_VALUES = {
+    "SUM, WHERE literals": "SELECT SUM(bytes) FROM requests "
+    "WHERE age BETWEEN {low} AND 50 AND device = 'mobile'",
+    "COUNT(*), WHERE literal": "SELECT COUNT(*) FROM requests WHERE age >= {low}",
+}
+"""Shapes asked with other values each call: ``{low}`` is -1, -2, ... (every age at most 50
+passes, so each text reads the same rows)."""
 
 
 class RecordingBackend(DuckDBBackend):
@@ -191,7 +202,7 @@ def main() -> None:
             f"of {args.queries}; load average {os.getloadavg()[0]:.2f} at the start"
         )
         print(
-            f"{'shape':22s} {'text':10s} {'dpsql':>8s} {'duckdb':>8s} {'overhead':>9s} "
+            f"{'shape':24s} {'text':10s} {'dpsql':>8s} {'duckdb':>8s} {'overhead':>9s} "
             f"{'in loop':>8s} {'fsync cpu':>10s} {'fsync wall':>11s}"
         )
         with dpsql.Session(database, analyst="alice", backend=backend) as session:
@@ -234,12 +245,36 @@ def main() -> None:
                     fsync = times["synced"][0] - times["repeated"][0]
                     fsync_wall = times["synced"][1] - times["repeated"][1]
                     print(
-                        f"{label:22s} {text:10s} {ours:8.3f} {theirs:8.3f} {ours - theirs:9.3f} "
+                        f"{label:24s} {text:10s} {ours:8.3f} {theirs:8.3f} {ours - theirs:9.3f} "
                         f"{times[text][2]:8.3f} {fsync:10.3f} {fsync_wall:11.3f}"
                     )
                 if args.stages:
                     for name, ms in stage_times(session, sql, args.queries).items():
                         print(f"    {name:28s} {ms:7.3f} ms")
+            for label, template in NEW_VALUES.items():
+                lows = itertools.count(1)
+
+                def new_values(template: str = template, lows: Iterator[int] = lows) -> object:
+                    return session.execute(template.format(low=-next(lows)), epsilon=0.01)
+
+                for _ in range(20):
+                    new_values()
+                generated = backend.last
+
+                def own_new(generated: str = generated) -> object:
+                    return raw.execute(generated).fetchall()
+
+                times = interleaved(
+                    {"new values": new_values, "duckdb": own_new},
+                    args.queries,
+                    args.repeats,
+                    inside=lambda: backend.inside,
+                )
+                ours, theirs = times["new values"][0], times["duckdb"][0]
+                print(
+                    f"{label:24s} {'new values':10s} {ours:8.3f} {theirs:8.3f} "
+                    f"{ours - theirs:9.3f} {times['new values'][2]:8.3f}"
+                )
             ledger.execute("PRAGMA synchronous=FULL")
         raw.close()
     print(

@@ -26,6 +26,10 @@ T = TypeVar("T")
 _BY_VALUE = (str, int, float, bool, type(None))
 
 
+def _key(inputs: tuple[object, ...]) -> tuple[Hashable, ...]:
+    return tuple((type(part), part) if isinstance(part, _BY_VALUE) else id(part) for part in inputs)
+
+
 class Kept(Generic[T]):
     """Results by their inputs (module doc); at most ``size`` of them."""
 
@@ -35,15 +39,25 @@ class Kept(Generic[T]):
 
     def get(self, inputs: tuple[object, ...], make: Callable[[], T]) -> T:
         """The result kept for ``inputs``, else ``make()`` (kept; an exception keeps nothing)."""
-        key = tuple(
-            (type(part), part) if isinstance(part, _BY_VALUE) else id(part) for part in inputs
-        )
+        key = _key(inputs)
         found = self._kept.get(key)
         if found is None:
             if len(self._kept) >= self.size:
                 self._kept.clear()
             found = self._kept[key] = (inputs, make())
         return found[1]
+
+    def find(self, inputs: tuple[object, ...]) -> T | None:
+        """The result kept for ``inputs``, or None."""
+        found = self._kept.get(_key(inputs))
+        return None if found is None else found[1]
+
+    def put(self, inputs: tuple[object, ...], result: T) -> None:
+        """Keep ``result`` for ``inputs`` (in place of any result kept for them)."""
+        key = _key(inputs)
+        if key not in self._kept and len(self._kept) >= self.size:
+            self._kept.clear()
+        self._kept[key] = (inputs, result)
 
     def clear(self) -> None:
         """Forget every result."""

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Protocol
 import sqlglot
 from sqlglot import exp
 
+from dpsql.engine.backends import rows_of
 from dpsql.engine.calendars import calendar_bounds, calendar_domain
 from dpsql.engine.policy import Policy, PublicKey, TablePolicy
 from dpsql.engine.virtual_columns import with_virtual_bounds
@@ -48,10 +49,13 @@ _PROBE_STRINGS = ("B", "a", "A", "é", "e", "e\u0301", "ss", "ß", "a ", "")
 differently from bytewise comparison."""
 
 _SPELLED_KEPT = 100_000
+"""Converted literals a binder keeps (then it starts afresh): bounds a long session's memory."""
+
+_ONE_ROW = 32
+"""Literals of one type converted in one row of one column each; more go in a VALUES list."""
 
 _KEY_SETS_KEPT = 256
 """Converted public key lists a binder keeps (one per policy column, per policy in force)."""
-"""Converted literals a binder keeps (then it starts afresh): bounds a long session's memory."""
 
 
 class Runner(Protocol):
@@ -152,14 +156,10 @@ class Binder:
         for type_sql, indices in by_type.items():
             target = literals[indices[0]].to
             number = "float" if _is_float(target) else "exact" if _is_exact_number(target) else ""
-            rows = ", ".join(f"({i}, {_quote(literals[i].this.this)})" for i in indices)
-            value = f"TRY_CAST(__t AS {type_sql})"
-            exact = f"CAST(CAST({value} AS DOUBLE) AS VARCHAR)" if number == "float" else "NULL"
-            frame = self._run(
-                f"SELECT __i, CAST({value} AS VARCHAR) AS __c, {exact} AS __x "
-                f"FROM (VALUES {rows}) AS __literals(__i, __t) ORDER BY __i"
-            )
-            for i, spelled, widened in frame.itertuples(index=False, name=None):
+            texts = [literals[i].this.this for i in indices]
+            for i, spelled, widened in zip(
+                indices, *self._converted_texts(texts, type_sql, number), strict=True
+            ):
                 literal = literals[int(i)]
                 text = literal.this.this
                 if not isinstance(spelled, str) or not _exact(text, spelled, widened, number):
@@ -170,6 +170,47 @@ class Binder:
                     self._spelled[(type_sql, text)] = spelled
                 converted[int(i)] = exp.Cast(this=exp.Literal.string(spelled), to=target.copy())
         return [c for c in converted if c is not None]
+
+    def _converted_texts(
+        self, texts: Sequence[str], type_sql: str, number: str
+    ) -> tuple[list[object], list[object]]:
+        """Each text converted to ``type_sql`` by the backend and spelled back as VARCHAR
+        (None: not a value of the type), and, for a float type (``number``), the value widened
+        to a DOUBLE and spelled. A few texts are converted in one row (``TRY_CAST`` of each, as
+        a VARCHAR); many in a ``VALUES`` list, one row each: the same cast of the same VARCHAR
+        values, read as tuples, not a DataFrame."""
+
+        def converted(text: str) -> str:
+            return f"TRY_CAST({text} AS {type_sql})"
+
+        def as_double(text: str) -> str:
+            if number != "float":
+                return "NULL"
+            return f"CAST(CAST({converted(text)} AS DOUBLE) AS VARCHAR)"
+
+        if len(texts) <= _ONE_ROW:
+            values = [f"CAST({_quote(t)} AS VARCHAR)" for t in texts]
+            row = self._rows(
+                "SELECT "
+                + ", ".join(
+                    f"CAST({converted(v)} AS VARCHAR) AS __c{i}, {as_double(v)} AS __x{i}"
+                    for i, v in enumerate(values)
+                )
+            )[0]
+            return list(row[0::2]), list(row[1::2])
+        rows = ", ".join(f"({i}, {_quote(t)})" for i, t in enumerate(texts))
+        found = self._rows(
+            f"SELECT __i, CAST({converted('__t')} AS VARCHAR) AS __c, {as_double('__t')} AS __x "
+            f"FROM (VALUES {rows}) AS __literals(__i, __t) ORDER BY __i"
+        )
+        return [r[1] for r in found], [r[2] for r in found]
+
+    def _rows(self, sql: str) -> list[tuple[object, ...]]:
+        """The rows of ``sql`` (DuckDB's dialect) on the backend, as tuples."""
+        dialect = getattr(self.backend, "dialect", "duckdb")
+        if dialect != "duckdb":
+            sql = sqlglot.transpile(sql, read="duckdb", write=dialect)[0]
+        return list(rows_of(self.backend, sql).data)  # type: ignore[arg-type]
 
     @staticmethod
     def _refuse(literal: exp.Cast, text: str, type_sql: str, what: str) -> None:

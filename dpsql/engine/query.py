@@ -24,13 +24,22 @@ from dpsql.engine.literals import Binder, BoundShape
 from dpsql.engine.planner import QueryPlan, plan_query
 from dpsql.engine.plans.laplace import Laplace
 from dpsql.engine.policy import Policy
+from dpsql.engine.prepared import Template, fill, template_for
 from dpsql.engine.relations import bind_relation, lift_query
-from dpsql.errors import FAILED_AFTER_CHARGE, ExecutionError, ParameterError, UnsupportedQueryError
+from dpsql.errors import (
+    FAILED_AFTER_CHARGE,
+    DpsqlError,
+    ExecutionError,
+    ParameterError,
+    TimeLimitError,
+    UnsupportedQueryError,
+)
 from dpsql.memo import Kept
 from dpsql.sql.analyze import analyze
 from dpsql.sql.generate import ranges_per_group
-from dpsql.sql.parse import parse, refusing_deep_recursion
+from dpsql.sql.parse import parse, refusing_deep_recursion, tokenized
 from dpsql.sql.shape import GroupKey, QueryShape
+from dpsql.sql.slots import skeleton_of
 
 __all__ = [
     "BoundQueries",
@@ -114,11 +123,15 @@ class BoundQueries:
     """The queries a session bound lately, for a binder whose conversions are pure
     (``Binder.pure``): binding is then a function of the text, its dialect, the policy in force
     and the backend's catalog, so a query asked again (a dashboard's refresh) is not parsed,
-    checked and bound again. A new policy entry or a registered table is a new object: what was
-    bound under the old one is not found again (``dpsql.memo.Kept``)."""
+    checked and bound again, and a query asked again with other literals in its WHERE clause is
+    bound from its template (``dpsql.engine.prepared``). A new policy entry or a registered
+    table is a new object: what was bound under the old one is not found again
+    (``dpsql.memo.Kept``)."""
 
     def __init__(self, size: int = 256):
         self._kept: Kept[BoundQuery] = Kept(size)
+        self._templates: Kept[Template | bool] = Kept(size)
+        """By skeleton: False once seen, then its template (True: it cannot have one)."""
 
     def bound(
         self, sql: str, *, dialect: str, policy: Policy, backend: Backend, binder: Binder
@@ -130,7 +143,48 @@ class BoundQueries:
 
         if not binder.pure:
             return bound_now()
-        return self._kept.get((sql, dialect, policy, backend.catalog()), bound_now)
+        catalog = backend.catalog()
+
+        def by_template() -> BoundQuery:
+            return self._by_template(sql, dialect, policy, backend, binder, catalog, bound_now)
+
+        return self._kept.get((sql, dialect, policy, catalog), by_template)
+
+    def _by_template(
+        self,
+        sql: str,
+        dialect: str,
+        policy: Policy,
+        backend: Backend,
+        binder: Binder,
+        catalog: dict[str, dict[str, str]],
+        bound_now: Callable[[], BoundQuery],
+    ) -> BoundQuery:
+        try:
+            skeleton = skeleton_of(tokenized(sql, dialect)[1])
+        except DpsqlError:
+            skeleton = None
+        if skeleton is None:
+            return bound_now()
+        inputs = (skeleton.key, dialect, backend.dialect, policy, catalog)
+        found = self._templates.find(inputs)
+        if isinstance(found, Template):
+            try:
+                return fill(found, sql, skeleton, dialect=dialect, policy=policy, binder=binder)
+            except (deadline.DeadlinePassed, TimeLimitError):
+                raise
+            except Exception:
+                return bound_now()
+        result = bound_now()
+        if found is None:
+            self._templates.put(inputs, False)
+        elif found is False:
+            made = template_for(
+                sql, skeleton, result, dialect=dialect, catalog=catalog, binder=binder,
+                ledger_dialect=backend.dialect,
+            )  # fmt: skip
+            self._templates.put(inputs, True if made is None else made)
+        return result
 
 
 def check_ranges(shape: QueryShape, policy: Policy, backend: Backend) -> None:

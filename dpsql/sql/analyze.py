@@ -32,8 +32,9 @@ from dpsql.sql.shape import (
     QueryShape,
     RangeJoin,
 )
+from dpsql.sql.slots import slot_index
 
-__all__ = ["analyze", "check_filter"]
+__all__ = ["analyze", "check_filter", "literal_for"]
 
 _SELECT_ARGS = {"expressions", "from", "from_", "where", "group", "having", "joins"}
 _CLAUSE_NAMES = {
@@ -105,9 +106,17 @@ def temporal_pattern(type_name: str) -> re.Pattern[str]:
 
 
 class Analyzer:
-    def __init__(self, parsed: ParsedQuery, catalog: Mapping[str, Mapping[str, str]]):
+    def __init__(
+        self,
+        parsed: ParsedQuery,
+        catalog: Mapping[str, Mapping[str, str]],
+        slots: dict[int, str] | None = None,
+    ):
         self.parsed = parsed
         self.catalog = catalog
+        self.slots = slots
+        """Slot index -> the column its value is compared with, when the query's literals are
+        slots (``dpsql.sql.slots``); None: a query with its literals."""
         self.table = ""
         self.aliases: set[str] = set()
         self.columns: dict[str, str] = {}
@@ -351,8 +360,8 @@ class Analyzer:
             return self.comparison(node)
         if isinstance(node, exp.Between):
             name = self.predicate_column(node.this, "BETWEEN")
-            low = self.literal(node.args["low"], name)
-            high = self.literal(node.args["high"], name)
+            low = self.operand(node.args["low"], name)
+            high = self.operand(node.args["high"], name)
             between = exp.Between(this=exp.column(name, quoted=True), low=low, high=high)
             if not node.args.get("symmetric"):
                 return between
@@ -374,7 +383,7 @@ class Analyzer:
                     f"IN lists {len(node.expressions):,} values; dpsql takes at most "
                     f"{MAX_IN_VALUES:,} in one list",
                 )
-            values = [self.literal(value, name) for value in node.expressions]
+            values = [self.operand(value, name) for value in node.expressions]
             return exp.In(this=exp.column(name, quoted=True), expressions=values)
         if isinstance(node, exp.Is):
             name = self.predicate_column(node.this, "IS")
@@ -410,7 +419,18 @@ class Analyzer:
         if isinstance(right, exp.Column):
             self.reject(node, "comparisons between two columns are not supported")
         name = self.column(left)
-        return operator(this=exp.column(name, quoted=True), expression=self.literal(right, name))
+        return operator(this=exp.column(name, quoted=True), expression=self.operand(right, name))
+
+    def operand(self, node: exp.Expression, name: str) -> exp.Expression:
+        """The value compared with column ``name`` in a comparison, BETWEEN or IN: a typed
+        literal (``literal``), or, when this query's literals are slots, a slot left in place
+        and noted with its column. These three places are the only ones a slot may stand:
+        ``literal`` alone decides what its value becomes (``dpsql.sql.slots``)."""
+        index = slot_index(node)
+        if index is not None and self.slots is not None:
+            self.slots[index] = name
+            return node.copy()
+        return self.literal(node, name)
 
     def literal(self, node: exp.Expression, name: str) -> exp.Expression:
         """A typed literal for comparing with column ``name``, or a precise rejection."""
@@ -591,11 +611,18 @@ class Analyzer:
         return Aggregate(kind, column, alias or default)
 
 
-def analyze(parsed: ParsedQuery, catalog: Mapping[str, Mapping[str, str]]) -> QueryShape:
+def analyze(
+    parsed: ParsedQuery,
+    catalog: Mapping[str, Mapping[str, str]],
+    slots: dict[int, str] | None = None,
+) -> QueryShape:
     """Validate ``parsed`` against the allow-list and the catalog (table -> column -> type).
 
     Post-processing of the released answer (ORDER BY, LIMIT, arithmetic, windows, ...) is split
-    off first (``dpsql.sql.postprocess``); the shape then carries it in ``post``."""
+    off first (``dpsql.sql.postprocess``); the shape then carries it in ``post``. With ``slots``
+    (an empty dict), ``parsed`` is a template whose literals are slots (``dpsql.sql.slots``): a
+    slot is accepted only as a compared value, left in the WHERE clause, and noted in ``slots``
+    with its column."""
     parsed = ctes.inline(parsed, catalog)
     try:
         inner, post = postprocess.split(parsed, catalog)
@@ -604,12 +631,23 @@ def analyze(parsed: ParsedQuery, catalog: Mapping[str, Mapping[str, str]]) -> Qu
         if source is not None:
             Analyzer(source, catalog).shape()  # FROM and WHERE are read first
         raise
-    shape = Analyzer(inner, catalog).shape()
+    shape = Analyzer(inner, catalog, slots).shape()
     if post is None:
         return shape
     post = dataclasses.replace(post, types=postprocess.released_types(shape, catalog))
     postprocess.check(post)
     return dataclasses.replace(shape, post=post)
+
+
+def literal_for(
+    parsed: ParsedQuery, columns: Mapping[str, str], node: exp.Expression, name: str
+) -> exp.Expression:
+    """What the analyzer makes of literal ``node`` compared with column ``name`` (of a table
+    whose columns have types ``columns``) in ``parsed``: the value a template's slot takes
+    (``dpsql.sql.slots``), decided by the same ``Analyzer.literal`` as in a parsed query."""
+    analyzer = Analyzer(parsed, {})
+    analyzer.columns = columns  # type: ignore[assignment]  # read only
+    return analyzer.literal(node, name)
 
 
 def check_filter(

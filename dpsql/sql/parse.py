@@ -28,7 +28,7 @@ from sqlglot.tokens import Token, TokenType
 
 from dpsql.errors import ParameterError, SqlSyntaxError, UnsupportedQueryError
 
-__all__ = ["OPTION_TYPES", "ParsedQuery", "parse"]
+__all__ = ["OPTION_TYPES", "ParsedQuery", "parse", "tokenized"]
 
 OPTION_TYPES: Mapping[str, type] = {
     "epsilon": float,
@@ -208,8 +208,10 @@ def _lift_dp_clause(text: str, tokens: list[Token]) -> tuple[str, dict[str, Any]
     return text[:first] + blank + text[last:], options
 
 
-def parse(sql: str, dialect: str = "duckdb") -> ParsedQuery:
-    """Parse one SELECT statement; raise ``SqlSyntaxError`` with line and column when malformed."""
+def tokenized(sql: str, dialect: str = "duckdb") -> tuple[type[Dialect], list[Token]]:
+    """The dialect and the tokens of ``sql``, after the checks every query text passes first
+    (not empty, not too long, valid Unicode, a known dialect); ``SqlSyntaxError`` with line and
+    column when it cannot be tokenized."""
     if not isinstance(sql, str) or not sql.strip():
         raise SqlSyntaxError("the query is empty")
     if len(sql) > MAX_QUERY_LENGTH:
@@ -232,7 +234,7 @@ def parse(sql: str, dialect: str = "duckdb") -> ParsedQuery:
     except ValueError:
         raise ParameterError(f"unknown SQL dialect {dialect!r}") from None
     try:
-        tokens = dialect_class.tokenize(sql)
+        return dialect_class, dialect_class.tokenize(sql)
     except TokenError as error:
         found = re.search(r"Error tokenizing '(.*)'", str(error), re.S)
         line = column = None
@@ -245,6 +247,11 @@ def parse(sql: str, dialect: str = "duckdb") -> ParsedQuery:
             line=line,
             column=column,
         ) from None
+
+
+def parse(sql: str, dialect: str = "duckdb") -> ParsedQuery:
+    """Parse one SELECT statement; raise ``SqlSyntaxError`` with line and column when malformed."""
+    dialect_class, tokens = tokenized(sql, dialect)
     text, options = _lift_dp_clause(sql, tokens)
     _check_nesting(sql, tokens)
     try:

@@ -1,0 +1,207 @@
+"""Prepared queries: a text bound again with other literals, without parsing it.
+
+An analyst (or a dashboard) asks one query many times with other values in its WHERE clause.
+Parsing and checking such a text again costs most of its Python work, yet only the literals
+changed. A *template* is the query's bind with a slot where each literal stood
+(``dpsql.sql.slots``); a text with the same skeleton (the same tokens but its literals) is bound
+by filling the slots, and everything after the bind runs as for any text.
+
+Why this is the bind of the text itself, not an approximation of it:
+
+* **Same tokens, same tree.** The skeleton fixes every token but the literals' values: their
+  types, the other tokens' text and the comments. The template's tree is parsed from the text
+  with each literal replaced by a string marker; a template is made only when that tree holds no
+  join, subquery, CTE or set operation (so nothing lifts it into a relation) and every marker is
+  found once, as a literal.
+* **The analysis never reads a value.** The template is analysed with slots, opaque
+  placeholders named with a random nonce. The analyzer takes a slot only as the value compared
+  with a column (comparison, BETWEEN, IN: ``Analyzer.operand``) and leaves it in the WHERE
+  clause; anywhere else a slot is refused like any node that is not a literal, and the template
+  is not made. A template is also refused if a slot was left anywhere but the WHERE clause.
+* **Each value is decided as in a parsed text.** Filling a slot calls the analyzer's own
+  ``literal`` on the node the parser makes of the literal's token, with its position; then the
+  binder runs in full (``Binder.bind``: conversion in the database, collations, partitions,
+  domains), exactly as for a parsed text.
+* **Checked when made.** A template is kept only if filling it with the literals of the text it
+  was made from gives the very bind of that text: the same shape (``repr``), the same text for
+  the ledger, the same policy.
+* **Any refusal comes from the parsed text.** If filling a template fails, the text is parsed
+  and bound afresh, so the refusal, its message and its position are those of a parsed text.
+
+A template is made on a skeleton's second sighting: a text asked once pays for no template.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from sqlglot import exp
+from sqlglot.dialects.dialect import Dialect
+from sqlglot.generator import Generator
+from sqlglot.tokens import TokenType
+
+from dpsql import deadline
+from dpsql.engine.literals import Binder
+from dpsql.engine.policy import Policy
+from dpsql.sql.analyze import analyze, literal_for
+from dpsql.sql.parse import ParsedQuery, parse
+from dpsql.sql.shape import QueryShape
+from dpsql.sql.slots import (
+    Path,
+    Skeleton,
+    TextTemplate,
+    filled,
+    filled_at,
+    literal_node,
+    marked_text,
+    mentions_slot,
+    operand_paths,
+    slot_index,
+    with_slots,
+)
+
+if TYPE_CHECKING:
+    from dpsql.engine.query import BoundQuery
+
+__all__ = ["Template", "fill", "template_for"]
+
+_NO_TEMPLATE = (exp.Join, exp.Subquery, exp.With, exp.SetOperation, exp.Placeholder, exp.Parameter)
+"""Nodes that keep a text from having a template: what could lift it into a relation
+(``dpsql.engine.relations``), and placeholders the analyst wrote."""
+
+_EMPTY = exp.Select()
+
+
+@dataclass(frozen=True)
+class Template:
+    """A query's bind with slots for its literals (module doc).
+
+    ``shape`` is the analysed shape, before the binder, with slot operands in its WHERE clause;
+    ``columns`` the column each slot is compared with; ``operands`` each slot's operand (the
+    slot, or the slot negated); ``normalized`` the ledger's text of the query, split at its
+    literals; ``dialect`` the dialect the ledger's text is written in."""
+
+    shape: QueryShape
+    columns: dict[int, str]
+    operands: dict[int, exp.Expression]
+    normalized: TextTemplate
+    dialect: str
+    paths: dict[int, Path] | None
+    """Where each slot operand is in the WHERE clause, when each stands in one place."""
+
+
+def fill(
+    template: Template,
+    sql: str,
+    skeleton: Skeleton,
+    *,
+    dialect: str,
+    policy: Policy,
+    binder: Binder,
+) -> BoundQuery:
+    """The bind of ``sql`` (whose skeleton is the template's) from ``template``.
+
+    Args:
+        template: the template of ``sql``'s skeleton.
+        sql: the analyst's text.
+        skeleton: its skeleton, with its literal tokens.
+        dialect: the dialect ``sql`` is written in.
+        policy: the policy in force (the template's).
+        binder: the session's binder.
+    """
+    from dpsql.engine.query import BoundQuery
+
+    parsed = ParsedQuery(sql, dialect, _EMPTY, {}, ())  # positions of the literals, in sql
+    columns = template.shape.types
+    values: dict[int, exp.Expression] = {}
+    for index, column in template.columns.items():
+        node = literal_node(skeleton.literals[index], template.operands[index])
+        values[index] = literal_for(parsed, columns, node, column)
+    where = template.shape.where
+    assert where is not None  # a template has a slot, hence a WHERE clause
+    if template.paths is None:
+        where = filled(where, values)
+    else:
+        where = filled_at(where, template.paths, values)
+    shape = replace(template.shape, where=where)
+    deadline.check()
+    writer = _writer(template.dialect)
+    spelled = [
+        writer.sql(exp.Literal(this=token.text, is_string=token.token_type == TokenType.STRING))
+        for token in skeleton.literals
+    ]
+    return BoundQuery(binder.bind(shape, policy), template.normalized.fill(spelled), policy, binder)
+
+
+@functools.cache
+def _writer(dialect: str) -> Generator:
+    """sqlglot's writer for ``dialect``, kept to write literals: writing a literal reads only
+    the dialect's settings (its quotes and escapes), never the writer's state."""
+    return Dialect.get_or_raise(dialect).generator()
+
+
+def template_for(
+    sql: str,
+    skeleton: Skeleton,
+    bound: BoundQuery,
+    *,
+    dialect: str,
+    catalog: dict[str, dict[str, str]],
+    binder: Binder,
+    ledger_dialect: str,
+) -> Template | None:
+    """The template of ``sql``'s skeleton, or None when it cannot have one (module doc).
+
+    Args:
+        sql: a text that was bound.
+        skeleton: its skeleton.
+        bound: its bind (``dpsql.engine.query.bind``), which the template must reproduce.
+        dialect: the dialect ``sql`` is written in.
+        catalog: the tables the analyst may name.
+        binder: the binder that bound it.
+        ledger_dialect: the dialect of the ledger's text (the backend's).
+    """
+    count = len(skeleton.literals)
+    if bound.bound.shape.relation is not None:
+        return None
+    try:
+        marked = parse(marked_text(sql, skeleton.literals), dialect)
+    except Exception:
+        return None
+    if marked.options or any(marked.expression.find_all(*_NO_TEMPLATE)):
+        return None
+    slotted = with_slots(marked.expression, count)
+    normalized = TextTemplate.of(marked.expression.sql(dialect=ledger_dialect), count)
+    if slotted is None or normalized is None:
+        return None
+    columns: dict[int, str] = {}
+    try:
+        shape = analyze(replace(marked, expression=slotted), catalog, columns)
+    except Exception:
+        return None
+    if sorted(columns) != list(range(count)) or shape.where is None:
+        return None
+    if mentions_slot(repr(replace(shape, where=None))):
+        return None  # a slot outside the WHERE clause: its value would not be decided
+    found = [
+        (index, node)
+        for node in shape.where.walk()
+        if (index := slot_index(node)) is not None and not isinstance(node.parent, exp.Neg)
+    ]
+    operands = dict(found)
+    paths: dict[int, Path] | None = operand_paths(shape.where)
+    if len(found) != len(operands) or () in paths.values():
+        paths = None  # a slot in two places (BETWEEN SYMMETRIC): filled by walking the tree
+    template = Template(shape, columns, operands, normalized, ledger_dialect, paths)
+    try:
+        again = fill(template, sql, skeleton, dialect=dialect, policy=bound.policy, binder=binder)
+    except Exception:
+        return None
+    same = (
+        again.normalized == bound.normalized
+        and again.policy is bound.policy
+        and repr(again.bound) == repr(bound.bound)
+    )
+    return template if same else None

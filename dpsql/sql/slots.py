@@ -1,0 +1,217 @@
+"""Literal slots: a query text with its literals taken out, so that the same text with other
+literals is known again without parsing it (``dpsql.engine.prepared`` binds it).
+
+A text's *skeleton* is its tokens as sqlglot's tokenizer reads them, each number and quoted
+string replaced by a slot: the token types, the text of every other token and the comments, in
+order. Two texts with one skeleton differ only in their literals' values. The skeleton is a
+string that names each token by its type and the ``repr`` of its text: ``repr`` writes every
+string unambiguously, so two different token lists never share a skeleton.
+
+A template is analysed once with a *slot* where each literal stood: a ``Placeholder`` named with
+this process's random nonce (an analyst cannot write one). The analyzer accepts a slot only as
+the value a column is compared with (``Analyzer.operand``) and refuses it anywhere else, so the
+analysis of a template never reads a literal's value; the value is decided later, per text, by
+the analyzer's own ``literal`` (``dpsql.sql.analyze.literal_for``).
+
+>>> from dpsql.sql.parse import tokenized
+>>> tokens = tokenized("SELECT COUNT(*) FROM t WHERE x > 5 AND s = 'a'")[1]
+>>> found = skeleton_of(tokens)
+>>> [token.text for token in found.literals]
+['5', 'a']
+>>> found.key == skeleton_of(tokenized("SELECT COUNT(*) FROM t WHERE x > 7 AND s = 'b'")[1]).key
+True
+>>> found.key == skeleton_of(tokenized("SELECT COUNT(*) FROM t WHERE y > 7 AND s = 'b'")[1]).key
+False
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from sqlglot import exp
+from sqlglot.tokens import Token, TokenType
+
+__all__ = [
+    "SLOT_TOKENS",
+    "Skeleton",
+    "TextTemplate",
+    "filled",
+    "filled_at",
+    "literal_node",
+    "marked_text",
+    "marker",
+    "mentions_slot",
+    "operand_paths",
+    "skeleton_of",
+    "slot_index",
+    "with_slots",
+]
+
+SLOT_TOKENS = frozenset({TokenType.NUMBER, TokenType.STRING})
+"""The tokens that become slots: numbers and plain quoted strings (not national, hex, bit, raw
+or dollar-quoted strings, whose text stays in the skeleton)."""
+
+_NONCE = secrets.token_hex(8)
+_PREFIX = f"__dpsql_slot_{_NONCE}_"
+_MARKED = re.compile(rf"'{_PREFIX}(\d+)'")
+
+
+@dataclass(frozen=True)
+class Skeleton:
+    """A text's skeleton (``key``) and its literal tokens in order (``literals``)."""
+
+    key: str
+    literals: tuple[Token, ...]
+
+
+def skeleton_of(tokens: Sequence[Token]) -> Skeleton | None:
+    """The skeleton of a text's ``tokens``; None when it has no literal (nothing to take out)."""
+    parts: list[str] = []
+    literals: list[Token] = []
+    for token in tokens:
+        if token.token_type in SLOT_TOKENS:
+            parts.append(token.token_type.name)
+            literals.append(token)
+        else:
+            parts.append(f"{token.token_type.name}{token.text!r}")
+        if token.comments:
+            parts.append(repr(token.comments))
+    if not literals:
+        return None
+    return Skeleton(" ".join(parts), tuple(literals))
+
+
+def marker(index: int) -> str:
+    """The text that stands for literal ``index`` while a template is parsed."""
+    return f"{_PREFIX}{index}"
+
+
+def marked_text(sql: str, literals: Sequence[Token]) -> str:
+    """``sql`` with each literal token replaced by its quoted marker."""
+    pieces: list[str] = []
+    end = 0
+    for index, token in enumerate(literals):
+        pieces.append(sql[end : token.start])
+        pieces.append(f"'{marker(index)}'")
+        end = token.end + 1
+    pieces.append(sql[end:])
+    return "".join(pieces)
+
+
+def with_slots(tree: exp.Expression, count: int) -> exp.Expression | None:
+    """``tree`` (parsed from ``marked_text``) with each marked literal replaced by its slot; None
+    unless each of the ``count`` markers is found once, as a string literal."""
+    found: list[int] = []
+
+    def slot(node: exp.Expression) -> exp.Expression:
+        if isinstance(node, exp.Literal) and node.is_string and node.this.startswith(_PREFIX):
+            index = int(node.this[len(_PREFIX) :])
+            found.append(index)
+            return exp.Placeholder(this=marker(index))
+        return node
+
+    slotted = tree.transform(slot)
+    return slotted if sorted(found) == list(range(count)) else None
+
+
+def slot_index(node: exp.Expression) -> int | None:
+    """The literal a slot (or a negated slot) stands for; None for any other node."""
+    inner = node.this if isinstance(node, exp.Neg) else node
+    if isinstance(inner, exp.Placeholder) and str(inner.this).startswith(_PREFIX):
+        return int(str(inner.this)[len(_PREFIX) :])
+    return None
+
+
+def mentions_slot(text: str) -> bool:
+    """Whether ``text`` (e.g. a shape's ``repr``) holds a slot or a marker."""
+    return _PREFIX in text
+
+
+def literal_node(token: Token, operand: exp.Expression) -> exp.Expression:
+    """The node sqlglot's parser makes of literal ``token`` in the place of ``operand`` (a slot,
+    or a negated slot), with its position in the text."""
+    literal = exp.Literal(this=token.text, is_string=token.token_type == TokenType.STRING)
+    literal.update_positions(token)
+    return exp.Neg(this=literal) if isinstance(operand, exp.Neg) else literal
+
+
+Path = tuple[tuple[str, int | None], ...]
+"""Where a node is in a tree: the argument name (and list index) taken at each step down."""
+
+
+def operand_paths(tree: exp.Expression) -> dict[int, Path]:
+    """Where each slot operand (a slot, or a negated slot) of ``tree`` is; a slot that stands
+    in several places (a BETWEEN SYMMETRIC's two orders) keeps the first."""
+    paths: dict[int, Path] = {}
+
+    def down(node: exp.Expression, path: Path) -> None:
+        index = slot_index(node)
+        if index is not None:
+            paths.setdefault(index, path)
+            return
+        for key, value in node.args.items():
+            if isinstance(value, exp.Expression):
+                down(value, (*path, (key, None)))
+            elif isinstance(value, list):
+                for position, item in enumerate(value):
+                    if isinstance(item, exp.Expression):
+                        down(item, (*path, (key, position)))
+
+    down(tree, ())
+    return paths
+
+
+def filled(tree: exp.Expression, values: Mapping[int, exp.Expression]) -> exp.Expression:
+    """A copy of ``tree`` with each slot operand replaced by a copy of ``values[index]``."""
+
+    def fill(node: exp.Expression) -> exp.Expression:
+        index = slot_index(node)
+        return node if index is None else values[index].copy()
+
+    return tree.transform(fill)
+
+
+def filled_at(
+    tree: exp.Expression, paths: Mapping[int, Path], values: Mapping[int, exp.Expression]
+) -> exp.Expression:
+    """``filled(tree, values)`` when each slot stands in one place, found by its path (from
+    ``operand_paths``) rather than by walking the tree: a copy of ``tree``, then one ``set``
+    per slot."""
+    copied = tree.copy()
+    for index, path in paths.items():
+        parent = copied
+        for key, position in path[:-1]:
+            parent = parent.args[key] if position is None else parent.args[key][position]
+        key, position = path[-1]
+        parent.set(key, values[index], index=position)
+    return copied
+
+
+@dataclass(frozen=True)
+class TextTemplate:
+    """A text written by sqlglot from a marked tree, split at its markers: ``parts`` around
+    the literals numbered ``order``."""
+
+    parts: tuple[str, ...]
+    order: tuple[int, ...]
+
+    @classmethod
+    def of(cls, text: str, count: int) -> TextTemplate | None:
+        """``text`` split at its markers; None unless each of ``count`` markers is in it (more
+        than once when sqlglot writes a literal twice, e.g. BETWEEN SYMMETRIC as two BETWEENs)."""
+        pieces = _MARKED.split(text)
+        order = tuple(int(i) for i in pieces[1::2])
+        if set(order) != set(range(count)):
+            return None
+        return cls(tuple(pieces[0::2]), order)
+
+    def fill(self, spelled: Sequence[str]) -> str:
+        """The text with literal ``i`` written as ``spelled[i]``."""
+        out = [self.parts[0]]
+        for index, part in zip(self.order, self.parts[1:], strict=True):
+            out.append(spelled[index])
+            out.append(part)
+        return "".join(out)
