@@ -147,7 +147,7 @@ class Binder:
         for index, literal in enumerate(literals):
             key = _type_key(literal.to)
             if key not in spellings:
-                spellings[key] = literal.to.sql(dialect="duckdb")
+                spellings[key] = _type_sql(key, literal.to)
             known = self._spelled.get((spellings[key], literal.this.this))
             if known is not None:
                 converted[index] = exp.Cast(this=exp.Literal.string(known), to=literal.to.copy())
@@ -492,6 +492,21 @@ def _type_key(target: exp.DataType) -> object:
     if any(v for k, v in target.args.items() if k not in ("this", "nested")):
         return target.sql(dialect="duckdb")
     return target.this
+
+
+_TYPE_SQL: dict[object, str] = {}
+"""The SQL of each plain type (a ``DataType.Type``: a handful), written once."""
+
+
+def _type_sql(key: object, target: exp.DataType) -> str:
+    """``target`` as DuckDB SQL; ``key`` is its ``_type_key`` (a type with parameters is its
+    SQL already)."""
+    if isinstance(key, str):
+        return key
+    found = _TYPE_SQL.get(key)
+    if found is None:
+        found = _TYPE_SQL[key] = target.sql(dialect="duckdb")
+    return found
 
 
 def _exact(text: str, spelled: str, widened: object, number: str) -> bool:

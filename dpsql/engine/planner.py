@@ -41,7 +41,7 @@ from dpsql.engine.policy import Policy, TablePolicy
 from dpsql.engine.virtual_columns import with_virtual_bounds
 from dpsql.errors import ParameterError, PolicyError, SchemaError, UnsupportedQueryError
 from dpsql.mechanisms.laplace import MAX_GRID, choose_grid
-from dpsql.sql.generate import Bounds, Measure, MeasureKind
+from dpsql.sql.generate import Bounds, Measure, MeasureKind, where_sql
 from dpsql.sql.shape import AggregateKind, GroupKey, QueryShape
 
 __all__ = [
@@ -189,7 +189,7 @@ class QueryPlan:
             "table": self.shape.table,
             "group_by": list(self.shape.group_by),
             "groups": self.groups,
-            "where": self.shape.where.sql(dialect="duckdb") if self.shape.where else None,
+            "where": where_sql(self.shape.where) if self.shape.where else None,
             "privacy_unit": self.bounds.unit,
             "contribution_bounds": {
                 "max_groups_per_unit": self.bounds.max_groups_per_unit,

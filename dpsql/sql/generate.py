@@ -59,6 +59,7 @@ __all__ = [
     "scoped",
     "shape_rows",
     "unit_weight",
+    "where_sql",
 ]
 
 
@@ -384,9 +385,15 @@ def scoped(where: exp.Expression, table: str, unit: str) -> str:
     return _KEPT.get((where, table, unit), lambda: _scoped(where, table, unit))
 
 
+def where_sql(where: exp.Expression) -> str:
+    """``where`` as DuckDB SQL (kept for the same object: the plan's summary and its bounded
+    SQL write the same WHERE clause)."""
+    return _KEPT.get((where,), lambda: where.sql(dialect="duckdb"))
+
+
 def _scoped(where: exp.Expression, table: str, unit: str) -> str:
     if where.find(exp.From, exp.Table) is None:  # no subquery reads a table: nothing to scope
-        return where.sql(dialect="duckdb")
+        return where_sql(where)
     rows = sqlglot.parse_one(f"SELECT * FROM {private_rows(table, unit)}", read="duckdb")
     source = rows.args.get("from_") or rows.args.get("from")
     assert source is not None
