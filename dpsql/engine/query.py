@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any, NamedTuple, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from dpsql import deadline
 from dpsql.accountant.units import check_budget_value
@@ -57,6 +57,10 @@ __all__ = [
     "visible_catalog",
 ]
 
+if TYPE_CHECKING:
+    from sqlglot.dialects import Dialect
+    from sqlglot.tokens import Token
+
 T = TypeVar("T")
 
 
@@ -90,7 +94,13 @@ def visible_catalog(backend: Backend, policy: Policy) -> dict[str, dict[str, str
 
 
 def bind(
-    sql: str, *, dialect: str, policy: Policy, backend: Backend, binder: Binder
+    sql: str,
+    *,
+    dialect: str,
+    policy: Policy,
+    backend: Backend,
+    binder: Binder,
+    read: tuple[type[Dialect], list[Token]] | None = None,
 ) -> BoundQuery:
     """Parse ``sql`` (written in ``dialect``), check it against the allow-list over the tables
     ``policy`` exposes, and bind its literals, keys and expressions in the database
@@ -102,8 +112,9 @@ def bind(
         policy: the policy in force: which tables exist for the analyst, and their rules.
         backend: the database the query will read (its catalog; the binder runs its probes).
         binder: converts literals and keys in ``backend``'s own semantics.
+        read: ``sql``'s dialect and tokens (``dpsql.sql.parse.tokenized``), if read already.
     """
-    parsed = parse(sql, dialect)
+    parsed = parse(sql, dialect, read)
     deadline.check()
     with refusing_deep_recursion():
         catalog = visible_catalog(backend, policy)
@@ -138,8 +149,10 @@ class BoundQueries:
     ) -> BoundQuery:
         """``bind(sql, ...)``, or what it returned before for the same inputs."""
 
-        def bound_now() -> BoundQuery:
-            return bind(sql, dialect=dialect, policy=policy, backend=backend, binder=binder)
+        def bound_now(read: tuple[type[Dialect], list[Token]] | None = None) -> BoundQuery:
+            return bind(
+                sql, dialect=dialect, policy=policy, backend=backend, binder=binder, read=read
+            )
 
         if not binder.pure:
             return bound_now()
@@ -158,14 +171,15 @@ class BoundQueries:
         backend: Backend,
         binder: Binder,
         catalog: dict[str, dict[str, str]],
-        bound_now: Callable[[], BoundQuery],
+        bound_now: Callable[..., BoundQuery],
     ) -> BoundQuery:
         try:
-            skeleton = skeleton_of(tokenized(sql, dialect)[1])
+            read = tokenized(sql, dialect)
         except DpsqlError:
-            skeleton = None
+            return bound_now()  # the same refusal, from the parse
+        skeleton = skeleton_of(read[1])
         if skeleton is None:
-            return bound_now()
+            return bound_now(read)
         inputs = (skeleton.key, dialect, backend.dialect, policy, catalog)
         found = self._templates.find(inputs)
         if isinstance(found, Template):
@@ -174,8 +188,8 @@ class BoundQueries:
             except (deadline.DeadlinePassed, TimeLimitError):
                 raise
             except Exception:
-                return bound_now()
-        result = bound_now()
+                return bound_now(read)  # the refusal of the parsed text, with its position
+        result = bound_now(read)
         if found is None:
             self._templates.put(inputs, False)
         elif found is False:

@@ -249,9 +249,12 @@ def tokenized(sql: str, dialect: str = "duckdb") -> tuple[type[Dialect], list[To
         ) from None
 
 
-def parse(sql: str, dialect: str = "duckdb") -> ParsedQuery:
-    """Parse one SELECT statement; raise ``SqlSyntaxError`` with line and column when malformed."""
-    dialect_class, tokens = tokenized(sql, dialect)
+def parse(
+    sql: str, dialect: str = "duckdb", read: tuple[type[Dialect], list[Token]] | None = None
+) -> ParsedQuery:
+    """Parse one SELECT statement; raise ``SqlSyntaxError`` with line and column when malformed.
+    ``read`` is what ``tokenized(sql, dialect)`` returned, when the caller has it already."""
+    dialect_class, tokens = tokenized(sql, dialect) if read is None else read
     text, options = _lift_dp_clause(sql, tokens)
     _check_nesting(sql, tokens)
     try:

@@ -63,3 +63,24 @@ def test_bound_queries_are_not_kept_for_a_binder_that_is_not_pure(demo_db: Path)
         again = kept.bound(SQL, **arguments, binder=unlocked)
         assert (again.bound, again.normalized) == (first.bound, first.normalized)
         assert again is not kept.bound(SQL, **arguments, binder=unlocked)
+
+
+def test_a_fresh_text_is_tokenized_once(demo_db: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from dpsql.sql import parse as parse_module
+
+    calls: list[str] = []
+    original = parse_module.tokenized
+
+    def counted(sql: str, dialect: str = "duckdb"):  # type: ignore[no-untyped-def]
+        calls.append(sql)
+        return original(sql, dialect)
+
+    monkeypatch.setattr(parse_module, "tokenized", counted)
+    monkeypatch.setattr("dpsql.engine.query.tokenized", counted)
+    with dpsql.connect(demo_db, analyst="alice") as db:
+        texts = [f"SELECT COUNT(*) FROM requests WHERE age >= {low}" for low in (1, 2, 3)]
+        for text in texts:  # seen, then its template made, then filled from it
+            db.bind(text)
+        # the text each time; the template is made from the text with its literal marked
+        assert [c for c in calls if "__dpsql_slot" not in c] == texts
+        assert len(calls) == 4
