@@ -254,3 +254,50 @@ def test_literals_outside_where_keep_the_text_from_a_template(
     skeleton = "SELECT COUNT(*) FROM t WHERE i > {} ORDER BY 1 LIMIT {}"
     assert _compare(database, skeleton, [["1", "2"], ["3", "4"], ["5", "6"]], filled)
     assert filled == []
+
+
+HOSTILE = [
+    # adjacent strings are one literal to the parser: no slot may stand for either
+    ("SELECT COUNT(*) FROM t WHERE s = {} {}", [["'D'", "'K'"], ["'N'", "'O'"], ["'d'", "'k'"]]),
+    # text the parser reads inside a literal (an interval's unit)
+    ("SELECT COUNT(*) FROM t WHERE dt > DATE '2024-01-01' - INTERVAL {}",
+     [["'1 day'"], ["'2 days'"], ["'1'"]]),
+    # a value that looks like the template's own marker
+    ("SELECT COUNT(*) FROM t WHERE s = {}",
+     [["'__dpsql_slot_0'"], ["'x'"], ["'__dpsql_slot_1'"]]),
+    # a comment holding quotes and markers: kept in the skeleton and the ledger's text
+    ("SELECT COUNT(*) FROM t WHERE i > {} /* '__dpsql_slot_0' 'it''s' */",
+     [["1"], ["2"], ["3"]]),
+    # placeholders the analyst wrote are not slots
+    ("SELECT COUNT(*) FROM t WHERE i > {} AND b = ?", [["1"], ["2"], ["3"]]),
+    # a number and a string for one column
+    ("SELECT COUNT(*) FROM t WHERE i = {} OR i = {}", [["5", "'5'"], ["6", "'6'"], ["7", "'x'"]]),
+    # LIKE patterns and text functions take their own paths, not a compared value's
+    ("SELECT COUNT(*) FROM t WHERE s LIKE {}", [["'D%'"], ["'N%'"], ["'%'"]]),
+    ("SELECT COUNT(*) FROM t WHERE lower(s) = {}", [["'dk'"], ["'no'"], ["'x'"]]),
+    # a literal in the select list or a function's argument
+    ("SELECT SUM(x) + {} FROM t WHERE i > {}", [["1", "1"], ["2", "2"], ["3", "3"]]),
+    ("SELECT COUNT(*) FROM t WHERE i > abs({})", [["1"], ["-2"], ["3"]]),
+    # a subquery holding the literal
+    ("SELECT COUNT(*) FROM t WHERE u IN (SELECT u FROM t WHERE i > {})", [["1"], ["2"], ["3"]]),
+    # the partition column with values the policy does not declare
+    ("SELECT COUNT(*) FROM t WHERE p = {}", [["'DK'"], ["'NO'"], ["'SE'"]]),
+    # a value beyond the column's type once the template exists
+    ("SELECT COUNT(*) FROM t WHERE i BETWEEN {} AND {}",
+     [["1", "2"], ["3", "4"], ["1", "2147483648"]]),
+]  # fmt: skip
+
+
+FILLED = {2, 3}
+"""The hostile texts whose third text is answered from the template (the marker-like value, the
+comment); the others have no template, or their third text is refused by it and bound afresh."""
+
+
+@pytest.mark.parametrize("case", range(len(HOSTILE)))
+def test_hostile_texts_bind_as_if_parsed(
+    database: Path, monkeypatch: pytest.MonkeyPatch, case: int
+) -> None:
+    filled = _counting(monkeypatch)
+    skeleton, vectors = HOSTILE[case]
+    assert _compare(database, skeleton, vectors, filled)
+    assert len(filled) == (case in FILLED)
