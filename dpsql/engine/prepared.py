@@ -170,7 +170,7 @@ def template_for(
         marked = parse(marked_text(sql, skeleton.literals), dialect)
     except Exception:
         return None
-    if marked.options or any(marked.expression.find_all(*_NO_TEMPLATE)):
+    if any(marked.expression.find_all(*_NO_TEMPLATE)):
         return None
     slotted = with_slots(marked.expression, count)
     normalized = TextTemplate.of(marked.expression.sql(dialect=ledger_dialect), count)

@@ -2,10 +2,15 @@
 literals is known again without parsing it (``dpsql.engine.prepared`` binds it).
 
 A text's *skeleton* is its tokens as sqlglot's tokenizer reads them, each number and quoted
-string replaced by a slot: the token types, the text of every other token and the comments, in
-order. Two texts with one skeleton differ only in their literals' values. The skeleton is a
-string that names each token by its type and the ``repr`` of its text: ``repr`` writes every
-string unambiguously, so two different token lists never share a skeleton.
+string of its WHERE clause replaced by a slot: the token types, the text of every other token
+(literals elsewhere included: a LIMIT, a HAVING threshold, an option) and the comments, in order.
+Two texts with one skeleton differ only in the values of their WHERE clause's literals. The
+skeleton is a string that names each token by its type and the ``repr`` of its text: ``repr``
+writes every string unambiguously, so two different token lists never share a skeleton. Which
+literals are slots is read from the tokens (those after the outermost WHERE, up to the clause
+that follows it); it decides only which texts share a template, never what a template binds: a
+slot that lands anywhere but a compared value in the WHERE clause keeps the text from having a
+template (``dpsql.engine.prepared``).
 
 A template is analysed once with a *slot* where each literal stood: a ``Placeholder`` named with
 this process's random nonce (an analyst cannot write one). The analyzer accepts a slot only as
@@ -67,12 +72,43 @@ class Skeleton:
     literals: tuple[Token, ...]
 
 
+_AFTER_WHERE = frozenset(
+    {
+        TokenType.GROUP_BY,
+        TokenType.HAVING,
+        TokenType.QUALIFY,
+        TokenType.WINDOW,
+        TokenType.ORDER_BY,
+        TokenType.LIMIT,
+        TokenType.OFFSET,
+        TokenType.FETCH,
+        TokenType.UNION,
+        TokenType.INTERSECT,
+        TokenType.EXCEPT,
+        TokenType.SEMICOLON,
+    }
+)
+"""Tokens that end a WHERE clause, outside parentheses."""
+
+
 def skeleton_of(tokens: Sequence[Token]) -> Skeleton | None:
-    """The skeleton of a text's ``tokens``; None when it has no literal (nothing to take out)."""
+    """The skeleton of a text's ``tokens``; None when its WHERE clause has no literal (nothing
+    to take out)."""
     parts: list[str] = []
     literals: list[Token] = []
+    depth = 0
+    where = False
     for token in tokens:
-        if token.token_type in SLOT_TOKENS:
+        kind = token.token_type
+        if kind == TokenType.L_PAREN:
+            depth += 1
+        elif kind == TokenType.R_PAREN:
+            depth -= 1
+        elif depth == 0 and kind == TokenType.WHERE:
+            where = True
+        elif depth == 0 and kind in _AFTER_WHERE:
+            where = False
+        if where and kind in SLOT_TOKENS:
             parts.append(token.token_type.name)
             literals.append(token)
         else:

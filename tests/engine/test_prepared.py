@@ -124,11 +124,17 @@ def skeletons(draw: st.DrawFn) -> tuple[str, list[str]]:
     where = atom()
     for _ in range(draw(st.integers(0, 2))):
         where = f"({where}) {draw(st.sampled_from(['AND', 'OR']))} {atom()}"
-    select = draw(st.sampled_from(["COUNT(*)", "SUM(x)", "COUNT(*) AS n"]))
-    tail = draw(st.sampled_from(["", " GROUP BY p", " -- note"]))
-    if tail == " GROUP BY p":
+    select = draw(st.sampled_from(["COUNT(*)", "SUM(x)", "COUNT(*) AS n", "SUM(x) * 2 AS y"]))
+    tail = draw(
+        st.sampled_from(
+            ["", " GROUP BY p", " -- note", " GROUP BY p HAVING COUNT(*) > 1",
+             " GROUP BY p ORDER BY 2 DESC LIMIT 2"]
+        )
+    )  # fmt: skip
+    if tail.startswith(" GROUP BY p"):
         select = f"p, {select}"
-    return f"SELECT {select} FROM t WHERE {where}{tail}", kinds
+    dp = draw(st.sampled_from(["", "WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon=0.5) "]))
+    return f"SELECT {dp}{select} FROM t WHERE {where}{tail}", kinds
 
 
 def values(columns: list[str], valid: bool) -> st.SearchStrategy[list[str]]:
@@ -245,15 +251,22 @@ def test_a_twin_that_keeps_the_first_values_fails(
     assert not all(_compare(database, s, v, filled) for s, v in FIXED)
 
 
-def test_literals_outside_where_keep_the_text_from_a_template(
+def test_literals_outside_where_are_part_of_the_skeleton(
     database: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     filled = _counting(monkeypatch)
-    skeleton = "SELECT COUNT(*) FROM t WHERE i > {} HAVING COUNT(*) > {}"
-    assert _compare(database, skeleton, [["1", "2"], ["3", "4"], ["5", "6"]], filled)
-    skeleton = "SELECT COUNT(*) FROM t WHERE i > {} ORDER BY 1 LIMIT {}"
-    assert _compare(database, skeleton, [["1", "2"], ["3", "4"], ["5", "6"]], filled)
-    assert filled == []
+    vary = [["1", "2"], ["3", "4"], ["5", "6"]]
+    keep = [["1", "2"], ["3", "2"], ["5", "2"]]
+    for skeleton in (
+        "SELECT p, COUNT(*) FROM t WHERE i > {} GROUP BY p HAVING COUNT(*) > {}",
+        "SELECT p, COUNT(*) FROM t WHERE i > {} GROUP BY p ORDER BY 2 LIMIT {}",
+        "SELECT WITH DIFFERENTIAL_PRIVACY OPTIONS(epsilon={1}) COUNT(*) FROM t WHERE i > {0}",
+    ):
+        assert _compare(database, skeleton, vary, filled)
+        assert filled == []  # another HAVING, LIMIT or option: another skeleton
+        assert _compare(database, skeleton, keep, filled)
+        assert filled == [1]  # the same one, other values in WHERE: filled
+        filled.clear()
 
 
 HOSTILE = [
