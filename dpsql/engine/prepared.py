@@ -15,13 +15,16 @@ Why this is the bind of the text itself, not an approximation of it:
   found once, as a literal.
 * **The analysis never reads a value.** The template is analysed with slots, opaque
   placeholders named with a random nonce. The analyzer takes a slot only as the value compared
-  with a column (comparison, BETWEEN, IN: ``Analyzer.operand``) and leaves it in the WHERE
-  clause; anywhere else a slot is refused like any node that is not a literal, and the template
-  is not made. A template is also refused if a slot was left anywhere but the WHERE clause.
-* **Each value is decided as in a parsed text.** Filling a slot calls the analyzer's own
-  ``literal`` on the node the parser makes of the literal's token, with its position; then the
-  binder runs in full (``Binder.bind``: conversion in the database, collations, partitions,
-  domains), exactly as for a parsed text.
+  with a column (comparison, BETWEEN, IN: ``Analyzer.operand``) or as the quoted string of a
+  LIKE or of a comparison of lower/upper/trim of a column (``filters.pattern``), and leaves it in
+  the WHERE clause; anywhere else a slot is refused like any node that is not a literal, and the
+  template is not made. A template is also refused if a slot was left anywhere but the WHERE
+  clause.
+* **Each value is decided as in a parsed text.** Filling a slot calls the function that decides
+  it in a parsed text (the analyzer's ``literal``, or ``filters.pattern``) on the node the parser
+  makes of the literal's token, with its position; then the binder runs in full
+  (``Binder.bind``: conversion in the database, collations, partitions, domains), exactly as for
+  a parsed text.
 * **Checked when made.** A template is kept only if filling it with the literals of the text it
   was made from gives the very bind of that text: the same shape (``repr``), the same text for
   the ledger, the same policy.
@@ -45,12 +48,13 @@ from sqlglot.tokens import TokenType
 from dpsql import deadline
 from dpsql.engine.literals import Binder
 from dpsql.engine.policy import Policy
-from dpsql.sql.analyze import analyze, literal_for
+from dpsql.sql.analyze import analyze, literal_for, pattern_for
 from dpsql.sql.parse import ParsedQuery, parse
 from dpsql.sql.shape import QueryShape
 from dpsql.sql.slots import (
     Path,
     Skeleton,
+    SlotUse,
     TextTemplate,
     filled,
     filled_at,
@@ -79,12 +83,13 @@ class Template:
     """A query's bind with slots for its literals (module doc).
 
     ``shape`` is the analysed shape, before the binder, with slot operands in its WHERE clause;
-    ``columns`` the column each slot is compared with; ``operands`` each slot's operand (the
-    slot, or the slot negated); ``normalized`` the ledger's text of the query, split at its
-    literals; ``dialect`` the dialect the ledger's text is written in."""
+    ``uses`` where the analysis met each slot (a compared value, or a LIKE's quoted string);
+    ``operands`` each slot's operand (the slot, or the slot negated); ``normalized`` the
+    ledger's text of the query, split at its literals; ``dialect`` the dialect the ledger's text
+    is written in."""
 
     shape: QueryShape
-    columns: dict[int, str]
+    uses: dict[int, SlotUse]
     operands: dict[int, exp.Expression]
     normalized: TextTemplate
     dialect: str
@@ -116,9 +121,12 @@ def fill(
     parsed = ParsedQuery(sql, dialect, _EMPTY, {}, ())  # positions of the literals, in sql
     columns = template.shape.types
     values: dict[int, exp.Expression] = {}
-    for index, column in template.columns.items():
+    for index, use in template.uses.items():
         node = literal_node(skeleton.literals[index], template.operands[index])
-        values[index] = literal_for(parsed, columns, node, column)
+        if use.pattern:
+            values[index] = pattern_for(parsed, node, use.name)
+        else:
+            values[index] = literal_for(parsed, columns, node, use.name)
     where = template.shape.where
     assert where is not None  # a template has a slot, hence a WHERE clause
     if template.paths is None:
@@ -176,12 +184,12 @@ def template_for(
     normalized = TextTemplate.of(marked.expression.sql(dialect=ledger_dialect), count)
     if slotted is None or normalized is None:
         return None
-    columns: dict[int, str] = {}
+    uses: dict[int, SlotUse] = {}
     try:
-        shape = analyze(replace(marked, expression=slotted), catalog, columns)
+        shape = analyze(replace(marked, expression=slotted), catalog, uses)
     except Exception:
         return None
-    if sorted(columns) != list(range(count)) or shape.where is None:
+    if sorted(uses) != list(range(count)) or shape.where is None:
         return None
     if mentions_slot(repr(replace(shape, where=None))):
         return None  # a slot outside the WHERE clause: its value would not be decided
@@ -194,7 +202,7 @@ def template_for(
     paths: dict[int, Path] | None = operand_paths(shape.where)
     if len(found) != len(operands) or () in paths.values():
         paths = None  # a slot in two places (BETWEEN SYMMETRIC): filled by walking the tree
-    template = Template(shape, columns, operands, normalized, ledger_dialect, paths)
+    template = Template(shape, uses, operands, normalized, ledger_dialect, paths)
     try:
         again = fill(template, sql, skeleton, dialect=dialect, policy=bound.policy, binder=binder)
     except Exception:

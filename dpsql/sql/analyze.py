@@ -32,9 +32,9 @@ from dpsql.sql.shape import (
     QueryShape,
     RangeJoin,
 )
-from dpsql.sql.slots import slot_index
+from dpsql.sql.slots import SlotUse, slot_index
 
-__all__ = ["analyze", "check_filter", "literal_for"]
+__all__ = ["analyze", "check_filter", "literal_for", "pattern_for"]
 
 _SELECT_ARGS = {"expressions", "from", "from_", "where", "group", "having", "joins"}
 _CLAUSE_NAMES = {
@@ -110,13 +110,13 @@ class Analyzer:
         self,
         parsed: ParsedQuery,
         catalog: Mapping[str, Mapping[str, str]],
-        slots: dict[int, str] | None = None,
+        slots: dict[int, SlotUse] | None = None,
     ):
         self.parsed = parsed
         self.catalog = catalog
         self.slots = slots
-        """Slot index -> the column its value is compared with, when the query's literals are
-        slots (``dpsql.sql.slots``); None: a query with its literals."""
+        """Slot index -> where the analysis met it, when the query's WHERE literals are slots
+        (``dpsql.sql.slots``); None: a query with its literals."""
         self.table = ""
         self.aliases: set[str] = set()
         self.columns: dict[str, str] = {}
@@ -428,7 +428,7 @@ class Analyzer:
         ``literal`` alone decides what its value becomes (``dpsql.sql.slots``)."""
         index = slot_index(node)
         if index is not None and self.slots is not None:
-            self.slots[index] = name
+            self.slots[index] = SlotUse(name)
             return node.copy()
         return self.literal(node, name)
 
@@ -614,15 +614,15 @@ class Analyzer:
 def analyze(
     parsed: ParsedQuery,
     catalog: Mapping[str, Mapping[str, str]],
-    slots: dict[int, str] | None = None,
+    slots: dict[int, SlotUse] | None = None,
 ) -> QueryShape:
     """Validate ``parsed`` against the allow-list and the catalog (table -> column -> type).
 
     Post-processing of the released answer (ORDER BY, LIMIT, arithmetic, windows, ...) is split
     off first (``dpsql.sql.postprocess``); the shape then carries it in ``post``. With ``slots``
     (an empty dict), ``parsed`` is a template whose literals are slots (``dpsql.sql.slots``): a
-    slot is accepted only as a compared value, left in the WHERE clause, and noted in ``slots``
-    with its column."""
+    slot is accepted only as a compared value or a LIKE's (or text function's) quoted string, left
+    in the WHERE clause, and noted in ``slots`` with its use."""
     parsed = ctes.inline(parsed, catalog)
     try:
         inner, post = postprocess.split(parsed, catalog)
@@ -648,6 +648,13 @@ def literal_for(
     analyzer = Analyzer(parsed, {})
     analyzer.columns = columns  # type: ignore[assignment]  # read only
     return analyzer.literal(node, name)
+
+
+def pattern_for(parsed: ParsedQuery, node: exp.Expression, operator: str) -> exp.Expression:
+    """What the analyzer makes of ``node`` as the quoted string of ``operator`` (a LIKE, a
+    comparison of lower/upper/trim of a column) in ``parsed``: the value a template's pattern
+    slot takes, decided by the same ``filters.pattern`` as in a parsed query."""
+    return filters.pattern(Analyzer(parsed, {}), node, operator)
 
 
 def check_filter(

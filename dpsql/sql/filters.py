@@ -32,12 +32,20 @@ from sqlglot import exp
 
 from dpsql.errors import UnsupportedQueryError
 from dpsql.sql.shape import ColumnKind
+from dpsql.sql.slots import SlotUse, slot_index
 
 if TYPE_CHECKING:
     from dpsql.sql.analyze import Analyzer
     from dpsql.sql.shape import QueryShape
 
-__all__ = ["check_unit_filters", "is_text_operand", "like", "text_operand", "unit_filter"]
+__all__ = [
+    "check_unit_filters",
+    "is_text_operand",
+    "like",
+    "pattern",
+    "text_operand",
+    "unit_filter",
+]
 
 _TEXT_FUNCTIONS = (exp.Lower, exp.Upper, exp.Trim)
 _PREFIX_FUNCTIONS = {"prefix", "starts_with"}
@@ -84,11 +92,17 @@ def text_comparison(analyzer: Analyzer, node: exp.Expression, flipped: dict) -> 
         left, right, operator = right, left, flipped[operator]
     return operator(
         this=text_operand(analyzer, left, "the comparison"),
-        expression=_pattern(analyzer, right, f"comparing {left.sql()}"),
+        expression=pattern(analyzer, right, f"comparing {left.sql()}"),
     )
 
 
-def _pattern(analyzer: Analyzer, node: exp.Expression, operator: str) -> exp.Expression:
+def pattern(analyzer: Analyzer, node: exp.Expression, operator: str) -> exp.Expression:
+    """The quoted string ``operator`` takes, re-emitted; in a template, a slot left in place
+    and noted (``dpsql.sql.slots``): this function alone decides what its value becomes."""
+    index = slot_index(node) if isinstance(node, exp.Placeholder) else None
+    if index is not None and analyzer.slots is not None:
+        analyzer.slots[index] = SlotUse(operator, pattern=True)
+        return node.copy()
     if not (isinstance(node, exp.Literal) and node.is_string):
         analyzer.reject(node, f"{operator} takes a quoted string literal")
     return exp.Literal.string(node.this)
@@ -101,11 +115,11 @@ def like(analyzer: Analyzer, node: exp.Expression) -> exp.Expression:
     if isinstance(node, exp.Anonymous):
         if node.name.lower() not in _PREFIX_FUNCTIONS or len(node.expressions) != 2:
             raise AssertionError
-        column, pattern = node.expressions
+        column, quoted = node.expressions
         operator = node.name.lower()
         return exp.StartsWith(
             this=text_operand(analyzer, column, operator),
-            expression=_pattern(analyzer, pattern, operator),
+            expression=pattern(analyzer, quoted, operator),
         )
     operator = {exp.Like: "LIKE", exp.ILike: "ILIKE", exp.StartsWith: "starts_with"}[type(node)]
     extra = sorted(k for k, v in node.args.items() if v and k not in _LIKE_ARGS)
@@ -113,7 +127,7 @@ def like(analyzer: Analyzer, node: exp.Expression) -> exp.Expression:
         analyzer.reject(node, f"{operator} with {', '.join(extra).upper()} is not supported")
     matched = type(node)(
         this=text_operand(analyzer, node.this, operator),
-        expression=_pattern(analyzer, node.expression, operator),
+        expression=pattern(analyzer, node.expression, operator),
     )
     return exp.Not(this=matched) if node.args.get("negate") else matched
 

@@ -42,6 +42,7 @@ from sqlglot.tokens import Token, TokenType
 __all__ = [
     "SLOT_TOKENS",
     "Skeleton",
+    "SlotUse",
     "TextTemplate",
     "filled",
     "filled_at",
@@ -89,6 +90,16 @@ _AFTER_WHERE = frozenset(
     }
 )
 """Tokens that end a WHERE clause, outside parentheses."""
+
+
+@dataclass(frozen=True)
+class SlotUse:
+    """Where the analysis of a template met a slot: as the value compared with column ``name``,
+    or (``pattern``) as the quoted string a LIKE or a text function's comparison takes
+    (``name``: the operator, as its refusals name it)."""
+
+    name: str
+    pattern: bool = False
 
 
 def skeleton_of(tokens: Sequence[Token]) -> Skeleton | None:

@@ -1,7 +1,8 @@
 """Prepared queries: a text bound from its template is bound exactly as if it were parsed.
 
 Hypothesis writes one query skeleton (WHERE predicates over columns of every type: =, <>, <,
-BETWEEN, BETWEEN SYMMETRIC, IN, NOT, AND, OR, negated numbers), then three texts of it with
+BETWEEN, BETWEEN SYMMETRIC, IN, NOT, AND, OR, LIKE, ILIKE, starts_with, lower/upper/trim; with
+GROUP BY, HAVING, ORDER BY, LIMIT and OPTIONS around them), then three texts of it with
 literals an adversary would pick (beyond a type's range or precision, text for numbers, quotes,
 empty strings, values outside an ENUM or the declared partition values). Through
 ``BoundQueries`` the first text is bound from scratch, the second makes the template, the third
@@ -107,7 +108,15 @@ def skeletons(draw: st.DrawFn) -> tuple[str, list[str]]:
     def atom() -> str:
         nonlocal column
         column = draw(st.sampled_from(COLUMNS))
-        form = draw(st.sampled_from(["cmp", "between", "symmetric", "in", "not"]))
+        form = draw(st.sampled_from(["cmp", "between", "symmetric", "in", "not", "text"]))
+        if form == "text":  # a LIKE or a text function: the string column s, or p
+            column = draw(st.sampled_from(["s", "p"]))
+            operand = draw(st.sampled_from(["{}", "lower({})", "upper(trim({}))"])).format(column)
+            shape = draw(
+                st.sampled_from(["{} LIKE {}", "{} ILIKE {}", "{} NOT LIKE {}", "{} = {}",
+                                 "{1} <> {0}", "starts_with({}, {})"])
+            )  # fmt: skip
+            return shape.format(operand, literal())
         if form == "between":
             return f"{column} BETWEEN {literal()} AND {literal()}"
         if form == "symmetric":
@@ -301,9 +310,10 @@ HOSTILE = [
 ]  # fmt: skip
 
 
-FILLED = {2, 3}
+FILLED = {2, 3, 6, 7}
 """The hostile texts whose third text is answered from the template (the marker-like value, the
-comment); the others have no template, or their third text is refused by it and bound afresh."""
+comment, LIKE, a text function); the others have no template, or their third text is refused by
+it and bound afresh."""
 
 
 @pytest.mark.parametrize("case", range(len(HOSTILE)))
