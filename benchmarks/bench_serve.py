@@ -20,6 +20,7 @@ load average with each run.
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import statistics
 import sys
@@ -40,12 +41,17 @@ from tests.serving.load import OneWrite, connection, hammer, query
 from tests.serving.test_concurrency import ADMITTED, CAPPED, EPSILON
 
 SQL = "SELECT COUNT(*) AS n FROM requests"
+NEW_VALUES = "SELECT COUNT(*) AS n FROM requests WHERE age >= {}"
+"""The same query with a new value each call (-1, -2, ...: every row passes): the local API
+writes it into the text; psycopg sends it as the extended protocol's parameter ``$1``, which the
+port writes into the text as a literal; both are then bound from the query's template."""
 LABELS = {
     "one write": "POST /v1/query (one write)",
     "http": "POST /v1/query (http.client)",
     "remote": "dpsql.connect(url) (httpx)",
     "postgres": "PostgreSQL port (psycopg 3)",
 }
+TABLE = {**LABELS, "postgres, new values": "PostgreSQL port, new values"}
 ROOMY = DEMO_POLICY.replace("epsilon = 10.0", "epsilon = 1000000.0").replace(
     "epsilon = 4.0", "epsilon = 1000000.0"
 )
@@ -64,12 +70,16 @@ def block_latencies(
     in either real set-up, one process writes each ledger (sharing one made every block start by
     re-reading the pages the other process had written).
 
-    A fourth client, "paused", is the local API again with ``pause`` seconds of idleness (not
+    "local, new values" and "postgres, new values" ask ``NEW_VALUES`` with another value each
+    call (the port's added latency for them is against the local API's).
+
+    A further client, "paused", is the local API again with ``pause`` seconds of idleness (not
     timed) before each query: what the service's engine thread sees between two queries, while
     the answer and the next request cross the network. It measures how much of the service's
     added latency is the machine's cost of waking an idle thread and CPU rather than the service's
     own work."""
     body = {"sql": SQL, "epsilon": 0.001}
+    values = itertools.count(1)
     kept = connection(server.url)
     one_write = OneWrite(server.url, server.alice, body)
     with (
@@ -99,6 +109,12 @@ def block_latencies(
             "remote": lambda: remote.execute(SQL, epsilon=0.001),
             "postgres": lambda: postgres.execute(SQL).fetchall(),
             "paused": lambda: local.execute(SQL, epsilon=0.001),
+            "local, new values": lambda: local.execute(
+                NEW_VALUES.format(-next(values)), epsilon=0.001
+            ),
+            "postgres, new values": lambda: postgres.execute(
+                NEW_VALUES.format("%s"), (-next(values),)
+            ).fetchall(),
         }
         samples: dict[str, list[float]] = {name: [] for name in clients}
         rounds = max(1, repeats // block)
@@ -139,15 +155,18 @@ def main() -> None:
         try:
             print(f"COUNT(*) over {args.rows} rows; service with {args.workers} worker(s)")
             local_database = demo_database(Path(directory) / "local", ROOMY, args.rows)
-            per_run: dict[str, list[float]] = {"one write": [], "http": [], "postgres": []}
+            per_run: dict[str, list[float]] = {
+                "one write": [], "http": [], "postgres": [], "postgres, new values": []
+            }  # fmt: skip
             loads = []
             for run in range(args.runs):
                 samples = block_latencies(
                     server, local_database, args.per_client, args.pause_ms / 1e3
                 )
                 local_median = statistics.median(samples["local"])
-                for name, differences in per_run.items():
-                    differences.append(statistics.median(samples[name]) - local_median)
+                for name in LABELS:
+                    if name in per_run:
+                        per_run[name].append(statistics.median(samples[name]) - local_median)
                 loads.append(os.getloadavg()[0])
                 print(
                     f"1 client, {args.per_client} queries each, in rotating blocks of 10"
@@ -163,11 +182,20 @@ def main() -> None:
                         f"  {label + ':':31s}median {median * 1e3:.2f} ms = "
                         f"{median / local_median:.3f} x local (adds {added * 1e3:.2f} ms)"
                     )
+                local_values = statistics.median(samples["local, new values"])
+                port_values = statistics.median(samples["postgres, new values"])
+                per_run["postgres, new values"].append(port_values - local_values)
+                print(
+                    f"  {'local, new values:':31s}median {local_values * 1e3:.2f} ms\n"
+                    f"  {'PostgreSQL port, new values:':31s}median {port_values * 1e3:.2f} ms = "
+                    f"{port_values / local_values:.3f} x local with new values (adds "
+                    f"{(port_values - local_values) * 1e3:.2f} ms)"
+                )
             if args.runs > 1:
                 print(f"load average {min(loads):.2f}-{max(loads):.2f}; added to the local API:")
                 for name, differences in per_run.items():
                     print(
-                        f"  {LABELS[name] + ':':31s}per run "
+                        f"  {TABLE[name] + ':':31s}per run "
                         + ", ".join(f"{d * 1e3:.2f}" for d in differences)
                         + f" ms; median of runs {statistics.median(differences) * 1e3:.2f} ms"
                     )

@@ -206,7 +206,10 @@ def _literal(value: Any) -> str:
     if isinstance(value, int | float | Decimal):
         if isinstance(value, float | Decimal) and not math.isfinite(value):
             raise PgError("22023", "a parameter that is not a finite number is not supported")
-        return f"({value})" if value < 0 else str(value)
+        # A negative number is written after a space: "n -$1" must not become a comment
+        # ("n --2"), and a compared value is a number, not a parenthesized expression.
+        text = str(value)
+        return f" {text}" if text.startswith("-") else text
     if isinstance(value, dt.datetime):
         return f"TIMESTAMP '{value.isoformat(sep=' ')}'"
     if isinstance(value, dt.date):
@@ -246,7 +249,7 @@ def bind_literals(text: str, values: Sequence[Any]) -> str:
     """``text`` with each ``$n`` replaced by ``values[n - 1]`` as a SQL literal.
 
     >>> bind_literals("SELECT COUNT(*) FROM t WHERE c = $1 AND n > $2", ["it's", -2])
-    "SELECT COUNT(*) FROM t WHERE c = 'it''s' AND n > (-2)"
+    "SELECT COUNT(*) FROM t WHERE c = 'it''s' AND n >  -2"
     """
     if not values:
         return text

@@ -114,6 +114,24 @@ def test_prepared_statements_charge_each_execution(server: tuple[Server, Path]) 
     assert len(charges(running)) == before + 3
 
 
+def test_numeric_parameters_of_either_sign_are_compared_values(
+    server: tuple[Server, Path],
+) -> None:
+    """psycopg sends each value as ``$1``; the port writes it into the text. A negative one is
+    written as a number after a space (never a comment, never a parenthesized expression the
+    engine refuses): before, any negative numeric parameter was refused."""
+    running, _ = server
+    before = len(charges(running))
+    with connect(running, running.alice) as connection:
+        connection.execute("SET dpsql.epsilon = 0.01")
+        for value in (-1, 3, -40, 25):
+            connection.execute(f"{COUNT} WHERE age >= %s", (value,), prepare=True).fetchall()
+            connection.execute(f"{COUNT} WHERE age BETWEEN %s AND 60", (value,)).fetchall()
+    recorded = [entry["query"] for entry in charges(running)[before:]]
+    assert len(recorded) == 8
+    assert recorded[4].endswith("WHERE age >= -40")
+
+
 def test_intervals_as_columns(server: tuple[Server, Path]) -> None:
     running, _ = server
     with connect(running, running.alice) as connection:

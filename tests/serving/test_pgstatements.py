@@ -76,9 +76,11 @@ def test_literals_are_quoted_and_placeholders_in_strings_kept() -> None:
     bound = bind_literals(sql, ["x' OR '1'='1", dt.date(2024, 1, 31), -1.5])
     assert bound == (
         "SELECT COUNT(*) FROM t WHERE c = 'x'' OR ''1''=''1' AND d = DATE '2024-01-31' "
-        "AND e > (-1.5) AND f = '$1' -- $2"
+        "AND e >  -1.5 AND f = '$1' -- $2"
     )
     assert parameter_count(sql) == 3
+    # a negative number after a minus is not a comment
+    assert bind_literals("SELECT n -$1 FROM t", [-2]) == "SELECT n - -2 FROM t"
 
 
 @pytest.mark.parametrize(
