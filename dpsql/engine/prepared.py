@@ -26,8 +26,9 @@ Why this is the bind of the text itself, not an approximation of it:
   (``Binder.bind``: conversion in the database, collations, partitions, domains), exactly as for
   a parsed text.
 * **Checked when made.** A template is kept only if filling it with the literals of the text it
-  was made from gives the very bind of that text: the same shape (``repr``), the same text for
-  the ledger, the same policy.
+  was made from gives the very bind of that text: the same shape (``repr``) and the same text
+  for the ledger. It is kept for one policy entry and one catalog (``dpsql.memo.Kept``, by
+  their identity), so a new policy or table makes templates afresh.
 * **Any refusal comes from the parsed text.** If filling a template fails, the text is parsed
   and bound afresh, so the refusal, its message and its position are those of a parsed text.
 
@@ -38,7 +39,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
@@ -46,7 +47,7 @@ from sqlglot.generator import Generator
 from sqlglot.tokens import TokenType
 
 from dpsql import deadline
-from dpsql.engine.literals import Binder
+from dpsql.engine.literals import Binder, BoundShape
 from dpsql.engine.policy import Policy
 from dpsql.sql.analyze import analyze, literal_for, pattern_for
 from dpsql.sql.parse import ParsedQuery, parse
@@ -69,13 +70,20 @@ from dpsql.sql.slots import (
 if TYPE_CHECKING:
     from dpsql.engine.query import BoundQuery
 
-__all__ = ["Template", "fill", "template_for"]
+__all__ = ["Filled", "Template", "fill", "template_for"]
 
 _NO_TEMPLATE = (exp.Join, exp.Subquery, exp.With, exp.SetOperation, exp.Placeholder, exp.Parameter)
 """Nodes that keep a text from having a template: what could lift it into a relation
 (``dpsql.engine.relations``), and placeholders the analyst wrote."""
 
 _EMPTY = exp.Select()
+
+
+class Filled(NamedTuple):
+    """A text bound from its template: its bound shape and its text for the ledger."""
+
+    bound: BoundShape
+    normalized: str
 
 
 @dataclass(frozen=True)
@@ -105,8 +113,9 @@ def fill(
     dialect: str,
     policy: Policy,
     binder: Binder,
-) -> BoundQuery:
-    """The bind of ``sql`` (whose skeleton is the template's) from ``template``.
+) -> Filled:
+    """The bind of ``sql`` (whose skeleton is the template's) from ``template``: its bound
+    shape and its text for the ledger (``dpsql.engine.query.BoundQuery`` holds them).
 
     Args:
         template: the template of ``sql``'s skeleton.
@@ -116,8 +125,6 @@ def fill(
         policy: the policy in force (the template's).
         binder: the session's binder.
     """
-    from dpsql.engine.query import BoundQuery
-
     parsed = ParsedQuery(sql, dialect, _EMPTY, {}, ())  # positions of the literals, in sql
     columns = template.shape.types
     values: dict[int, exp.Expression] = {}
@@ -140,7 +147,7 @@ def fill(
         writer.sql(exp.Literal(this=token.text, is_string=token.token_type == TokenType.STRING))
         for token in skeleton.literals
     ]
-    return BoundQuery(binder.bind(shape, policy), template.normalized.fill(spelled), policy, binder)
+    return Filled(binder.bind(shape, policy), template.normalized.fill(spelled))
 
 
 @functools.cache
@@ -207,9 +214,5 @@ def template_for(
         again = fill(template, sql, skeleton, dialect=dialect, policy=bound.policy, binder=binder)
     except Exception:
         return None
-    same = (
-        again.normalized == bound.normalized
-        and again.policy is bound.policy
-        and repr(again.bound) == repr(bound.bound)
-    )
+    same = again.normalized == bound.normalized and repr(again.bound) == repr(bound.bound)
     return template if same else None

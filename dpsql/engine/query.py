@@ -184,7 +184,8 @@ class BoundQueries:
         found = self._templates.find(inputs)
         if isinstance(found, Template):
             try:
-                return fill(found, sql, skeleton, dialect=dialect, policy=policy, binder=binder)
+                filled = fill(found, sql, skeleton, dialect=dialect, policy=policy, binder=binder)
+                return BoundQuery(filled.bound, filled.normalized, policy, binder)
             except (deadline.DeadlinePassed, TimeLimitError):
                 raise
             except Exception:
