@@ -12,7 +12,10 @@ Why this is the bind of the text itself, not an approximation of it:
   types, the other tokens' text and the comments. The template's tree is parsed from the text
   with each literal replaced by a string marker; a template is made only when that tree holds no
   join, subquery, CTE or set operation (so nothing lifts it into a relation) and every marker is
-  found once, as a literal.
+  found once, as a literal. The parser makes the same nodes around any literal's text in the
+  places a slot may stand (a minus, a typed literal such as ``DATE '...'``); where it reads a
+  literal's text (an INTERVAL's unit, adjacent strings) it wraps the literal in a node no
+  deciding function reads through, so no template is made.
 * **The analysis never reads a value.** The template is analysed with slots, opaque
   placeholders named with a random nonce. The analyzer takes a slot only as the value compared
   with a column (comparison, BETWEEN, IN: ``Analyzer.operand``) or as the quoted string of a
@@ -63,6 +66,7 @@ from dpsql.sql.slots import (
     marked_text,
     mentions_slot,
     operand_paths,
+    outermost,
     slot_index,
     with_slots,
 )
@@ -92,7 +96,7 @@ class Template:
 
     ``shape`` is the analysed shape, before the binder, with slot operands in its WHERE clause;
     ``uses`` where the analysis met each slot (a compared value, or a LIKE's quoted string);
-    ``operands`` each slot's operand (the slot, or the slot negated); ``normalized`` the
+    ``operands`` each slot's operand (the slot, negated or typed); ``normalized`` the
     ledger's text of the query, split at its literals; ``dialect`` the dialect the ledger's text
     is written in."""
 
@@ -203,7 +207,7 @@ def template_for(
     found = [
         (index, node)
         for node in shape.where.walk()
-        if (index := slot_index(node)) is not None and not isinstance(node.parent, exp.Neg)
+        if (index := slot_index(node)) is not None and outermost(node)
     ]
     operands = dict(found)
     paths: dict[int, Path] | None = operand_paths(shape.where)

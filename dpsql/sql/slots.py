@@ -51,6 +51,7 @@ __all__ = [
     "marker",
     "mentions_slot",
     "operand_paths",
+    "outermost",
     "skeleton_of",
     "slot_index",
     "with_slots",
@@ -164,12 +165,28 @@ def with_slots(tree: exp.Expression, count: int) -> exp.Expression | None:
     return slotted if sorted(found) == list(range(count)) else None
 
 
+_WRAPPERS = (exp.Neg, exp.Cast)
+"""What may stand around a slot in a slot operand: a minus (``-5``) and a typed literal
+(``DATE '2024-01-31'``, ``CAST('...' AS T)``, ``'...'::T``). sqlglot's DuckDB parser makes the
+same node around any literal's text (the type is the one written, never read from the text);
+the function that decides the value then reads through it or refuses it as for a parsed text."""
+
+
 def slot_index(node: exp.Expression) -> int | None:
-    """The literal a slot (or a negated slot) stands for; None for any other node."""
-    inner = node.this if isinstance(node, exp.Neg) else node
-    if isinstance(inner, exp.Placeholder) and str(inner.this).startswith(_PREFIX):
-        return int(str(inner.this)[len(_PREFIX) :])
+    """The literal a slot operand stands for: a slot, or a slot inside minuses and typed
+    literals; None for any other node."""
+    while isinstance(node, _WRAPPERS):
+        node = node.this
+    if isinstance(node, exp.Placeholder) and str(node.this).startswith(_PREFIX):
+        return int(str(node.this)[len(_PREFIX) :])
     return None
+
+
+def outermost(node: exp.Expression) -> bool:
+    """Whether ``node``, a slot operand, is not itself inside a larger one (a negated slot's
+    slot is)."""
+    index = slot_index(node)
+    return index is not None and (node.parent is None or slot_index(node.parent) != index)
 
 
 def mentions_slot(text: str) -> bool:
@@ -178,11 +195,19 @@ def mentions_slot(text: str) -> bool:
 
 
 def literal_node(token: Token, operand: exp.Expression) -> exp.Expression:
-    """The node sqlglot's parser makes of literal ``token`` in the place of ``operand`` (a slot,
-    or a negated slot), with its position in the text."""
+    """The node sqlglot's parser makes of literal ``token`` in the place of ``operand`` (a slot
+    operand): the literal, with its position in the text, inside a copy of the operand's minuses
+    and typed literals."""
     literal = exp.Literal(this=token.text, is_string=token.token_type == TokenType.STRING)
     literal.update_positions(token)
-    return exp.Neg(this=literal) if isinstance(operand, exp.Neg) else literal
+    if not isinstance(operand, _WRAPPERS):
+        return literal
+    wrapped = operand.copy()
+    inner = wrapped
+    while isinstance(inner.this, _WRAPPERS):
+        inner = inner.this
+    inner.set("this", literal)
+    return wrapped
 
 
 Path = tuple[tuple[str, int | None], ...]

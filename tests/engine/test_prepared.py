@@ -1,7 +1,8 @@
 """Prepared queries: a text bound from its template is bound exactly as if it were parsed.
 
 Hypothesis writes one query skeleton (WHERE predicates over columns of every type: =, <>, <,
-BETWEEN, BETWEEN SYMMETRIC, IN, NOT, AND, OR, LIKE, ILIKE, starts_with, lower/upper/trim; with
+BETWEEN, BETWEEN SYMMETRIC, IN, NOT, AND, OR, LIKE, ILIKE, starts_with, lower/upper/trim, typed
+literals and minuses around literals; with
 GROUP BY, HAVING, ORDER BY, LIMIT and OPTIONS around them), then three texts of it with
 literals an adversary would pick (beyond a type's range or precision, text for numbers, quotes,
 empty strings, values outside an ENUM or the declared partition values). Through
@@ -50,6 +51,17 @@ SPELLINGS = {
 }  # fmt: skip
 """Literals compared with each column: values of its type and an adversary's choices (beyond
 its range or precision, another type, outside the ENUM or the declared partition values)."""
+
+TYPED = {
+    "dt": ("DATE {}", "CAST({} AS DATE)", "{}::DATE", "-{}"),
+    "ts": ("TIMESTAMP {}", "CAST({} AS TIMESTAMP)", "{}::TIMESTAMP", "CAST({} AS DATE)"),
+    "tz": ("TIMESTAMPTZ {}", "{}::TIMESTAMPTZ"),
+    "i": ("-{}", "CAST({} AS INTEGER)"),
+    "m": ("-{}",),
+    "s": ("{}::VARCHAR",),
+}
+"""Forms around a literal: typed literals (the analyzer reads through them for DATE and
+TIMESTAMP columns, refuses them elsewhere), minuses (for numbers; refused for text)."""
 
 COLUMNS = tuple(SPELLINGS)
 """INTEGER, BIGINT, HUGEINT, DOUBLE, FLOAT, DECIMAL, VARCHAR, ENUM, DATE, TIMESTAMP,
@@ -103,7 +115,8 @@ def skeletons(draw: st.DrawFn) -> tuple[str, list[str]]:
 
     def literal() -> str:
         kinds.append(column)
-        return "{}"
+        typed = TYPED.get(column)
+        return draw(st.sampled_from(["{}", "{}", "{}", *typed])) if typed else "{}"
 
     def atom() -> str:
         nonlocal column
@@ -235,6 +248,10 @@ FIXED = [
      [["'DK'", "'NO'", "5"], ["'NO'", "'it''s'", "1"], ["'DK'", "'it''s'", "7"]]),
     ("SELECT COUNT(*) FROM t WHERE dt >= {} AND e = {}",
      [["'2024-01-01'", "'DK'"], ["'2024-01-02'", "'x'"], ["'2023-12-31'", "'a'"]]),
+    ("SELECT COUNT(*) FROM t WHERE dt BETWEEN DATE {} AND {}::DATE AND ts < TIMESTAMP {}",
+     [["'2024-01-01'", "'2024-02-01'", "'2024-03-01 00:00:00'"],
+      ["'2024-01-02'", "'2024-02-02'", "'2024-03-02 12:00:00'"],
+      ["'2023-12-31'", "'2024-12-31'", "'2024-01-01'"]]),
 ]  # fmt: skip
 
 
