@@ -52,6 +52,10 @@ class Kept(Generic[T]):
         found = self._kept.get(_key(inputs))
         return None if found is None else found[1]
 
+    def known(self, inputs: tuple[object, ...]) -> bool:
+        """Whether a result is kept for ``inputs`` (None included)."""
+        return _key(inputs) in self._kept
+
     def put(self, inputs: tuple[object, ...], result: T) -> None:
         """Keep ``result`` for ``inputs`` (in place of any result kept for them)."""
         key = _key(inputs)

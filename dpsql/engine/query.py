@@ -141,8 +141,10 @@ class BoundQueries:
 
     def __init__(self, size: int = 256):
         self._kept: Kept[BoundQuery] = Kept(size)
-        self._templates: Kept[Template | bool] = Kept(size)
-        """By skeleton: False once seen, then its template (True: it cannot have one)."""
+        self._templates: Kept[Template | None] = Kept(size)
+        """By skeleton seen twice: its template, or None when it cannot have one."""
+        self._seen: Kept[bool] = Kept(4 * size)
+        """Skeletons seen once, apart: texts asked once never push templates out."""
 
     def bound(
         self, sql: str, *, dialect: str, policy: Policy, backend: Backend, binder: Binder
@@ -182,7 +184,7 @@ class BoundQueries:
             return bound_now(read)
         inputs = (skeleton.key, dialect, backend.dialect, policy, catalog)
         found = self._templates.find(inputs)
-        if isinstance(found, Template):
+        if found is not None:
             try:
                 filled = fill(found, sql, skeleton, dialect=dialect, policy=policy, binder=binder)
                 return BoundQuery(filled.bound, filled.normalized, policy, binder)
@@ -191,14 +193,16 @@ class BoundQueries:
             except Exception:
                 return bound_now(read)  # the refusal of the parsed text, with its position
         result = bound_now(read)
-        if found is None:
-            self._templates.put(inputs, False)
-        elif found is False:
-            made = template_for(
-                sql, skeleton, result, dialect=dialect, catalog=catalog, binder=binder,
-                ledger_dialect=backend.dialect,
-            )  # fmt: skip
-            self._templates.put(inputs, True if made is None else made)
+        if self._templates.known(inputs):
+            return result  # this skeleton cannot have a template
+        if self._seen.find(inputs) is None:
+            self._seen.put(inputs, True)
+            return result
+        made = template_for(
+            sql, skeleton, result, dialect=dialect, catalog=catalog, binder=binder,
+            ledger_dialect=backend.dialect,
+        )  # fmt: skip
+        self._templates.put(inputs, made)
         return result
 
 

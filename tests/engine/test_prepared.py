@@ -341,3 +341,26 @@ def test_hostile_texts_bind_as_if_parsed(
     skeleton, vectors = HOSTILE[case]
     assert _compare(database, skeleton, vectors, filled)
     assert len(filled) == (case in FILLED)
+
+
+def test_texts_asked_once_do_not_push_templates_out(
+    database: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    filled = _counting(monkeypatch)
+    backend = DuckDBBackend(database)
+    try:
+        kept = BoundQueries(size=8)
+        arguments = {
+            "dialect": "duckdb",
+            "policy": parse_policy(POLICY),
+            "backend": backend,
+            "binder": Binder(backend, backend.catalog()),
+        }
+        for low in (1, 2):
+            kept.bound(f"SELECT COUNT(*) FROM t WHERE i > {low}", **arguments)
+        for n in range(20):  # one-off texts: more than the templates kept
+            kept.bound(f"SELECT COUNT(*) FROM t WHERE i > 1 -- {n}", **arguments)
+        kept.bound("SELECT COUNT(*) FROM t WHERE i > 3", **arguments)
+        assert filled == [1]
+    finally:
+        backend.close()
