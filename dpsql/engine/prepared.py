@@ -47,7 +47,6 @@ from typing import TYPE_CHECKING, NamedTuple
 from sqlglot import exp
 from sqlglot.dialects.dialect import Dialect
 from sqlglot.generator import Generator
-from sqlglot.tokens import TokenType
 
 from dpsql import deadline
 from dpsql.engine.literals import Binder, BoundShape
@@ -61,13 +60,12 @@ from dpsql.sql.slots import (
     SlotUse,
     TextTemplate,
     filled,
-    filled_at,
     literal_node,
     marked_text,
     mentions_slot,
+    node_at,
     operand_paths,
-    outermost,
-    slot_index,
+    token_literal,
     with_slots,
 )
 
@@ -96,17 +94,15 @@ class Template:
 
     ``shape`` is the analysed shape, before the binder, with slot operands in its WHERE clause;
     ``uses`` where the analysis met each slot (a compared value, or a LIKE's quoted string);
-    ``operands`` each slot's operand (the slot, negated or typed); ``normalized`` the
-    ledger's text of the query, split at its literals; ``dialect`` the dialect the ledger's text
-    is written in."""
+    ``paths`` where each slot's operand (the slot, inside any minus or typed literal) stands in
+    that WHERE clause; ``normalized`` the ledger's text of the query, split at its literals;
+    ``dialect`` the dialect the ledger's text is written in."""
 
     shape: QueryShape
     uses: dict[int, SlotUse]
-    operands: dict[int, exp.Expression]
+    paths: dict[int, tuple[Path, ...]]
     normalized: TextTemplate
     dialect: str
-    paths: dict[int, Path] | None
-    """Where each slot operand is in the WHERE clause, when each stands in one place."""
 
 
 def fill(
@@ -131,26 +127,20 @@ def fill(
     """
     parsed = ParsedQuery(sql, dialect, _EMPTY, {}, ())  # positions of the literals, in sql
     columns = template.shape.types
+    where = template.shape.where
+    assert where is not None  # a template has a slot, hence a WHERE clause
     values: dict[int, exp.Expression] = {}
     for index, use in template.uses.items():
-        node = literal_node(skeleton.literals[index], template.operands[index])
+        operand = node_at(where, template.paths[index][0])
+        node = literal_node(skeleton.literals[index], operand)
         if use.pattern:
             values[index] = pattern_for(parsed, node, use.name)
         else:
             values[index] = literal_for(parsed, columns, node, use.name)
-    where = template.shape.where
-    assert where is not None  # a template has a slot, hence a WHERE clause
-    if template.paths is None:
-        where = filled(where, values)
-    else:
-        where = filled_at(where, template.paths, values)
-    shape = replace(template.shape, where=where)
+    shape = replace(template.shape, where=filled(where, template.paths, values))
     deadline.check()
     writer = _writer(template.dialect)
-    spelled = [
-        writer.sql(exp.Literal(this=token.text, is_string=token.token_type == TokenType.STRING))
-        for token in skeleton.literals
-    ]
+    spelled = [writer.sql(token_literal(token)) for token in skeleton.literals]
     return Filled(binder.bind(shape, policy), template.normalized.fill(spelled))
 
 
@@ -204,16 +194,10 @@ def template_for(
         return None
     if mentions_slot(repr(replace(shape, where=None))):
         return None  # a slot outside the WHERE clause: its value would not be decided
-    found = [
-        (index, node)
-        for node in shape.where.walk()
-        if (index := slot_index(node)) is not None and outermost(node)
-    ]
-    operands = dict(found)
-    paths: dict[int, Path] | None = operand_paths(shape.where)
-    if len(found) != len(operands) or () in paths.values():
-        paths = None  # a slot in two places (BETWEEN SYMMETRIC): filled by walking the tree
-    template = Template(shape, uses, operands, normalized, ledger_dialect, paths)
+    paths = operand_paths(shape.where)
+    if sorted(paths) != list(range(count)) or any(() in places for places in paths.values()):
+        return None  # every slot stands in the WHERE clause, below its root
+    template = Template(shape, uses, paths, normalized, ledger_dialect)
     try:
         again = fill(template, sql, skeleton, dialect=dialect, policy=bound.policy, binder=binder)
     except Exception:

@@ -45,15 +45,15 @@ __all__ = [
     "SlotUse",
     "TextTemplate",
     "filled",
-    "filled_at",
     "literal_node",
     "marked_text",
     "marker",
     "mentions_slot",
+    "node_at",
     "operand_paths",
-    "outermost",
     "skeleton_of",
     "slot_index",
+    "token_literal",
     "with_slots",
 ]
 
@@ -155,11 +155,11 @@ def with_slots(tree: exp.Expression, count: int) -> exp.Expression | None:
     found: list[int] = []
 
     def slot(node: exp.Expression) -> exp.Expression:
-        if isinstance(node, exp.Literal) and node.is_string and node.this.startswith(_PREFIX):
-            index = int(node.this[len(_PREFIX) :])
-            found.append(index)
-            return exp.Placeholder(this=marker(index))
-        return node
+        index = _marked(node.this) if isinstance(node, exp.Literal) and node.is_string else None
+        if index is None:
+            return node
+        found.append(index)
+        return exp.Placeholder(this=marker(index))
 
     slotted = tree.transform(slot)
     return slotted if sorted(found) == list(range(count)) else None
@@ -172,21 +172,18 @@ same node around any literal's text (the type is the one written, never read fro
 the function that decides the value then reads through it or refuses it as for a parsed text."""
 
 
+def _marked(name: object) -> int | None:
+    """The literal a marker or a slot's name stands for; None for any other name."""
+    text = str(name)
+    return int(text[len(_PREFIX) :]) if text.startswith(_PREFIX) else None
+
+
 def slot_index(node: exp.Expression) -> int | None:
     """The literal a slot operand stands for: a slot, or a slot inside minuses and typed
     literals; None for any other node."""
     while isinstance(node, _WRAPPERS):
         node = node.this
-    if isinstance(node, exp.Placeholder) and str(node.this).startswith(_PREFIX):
-        return int(str(node.this)[len(_PREFIX) :])
-    return None
-
-
-def outermost(node: exp.Expression) -> bool:
-    """Whether ``node``, a slot operand, is not itself inside a larger one (a negated slot's
-    slot is)."""
-    index = slot_index(node)
-    return index is not None and (node.parent is None or slot_index(node.parent) != index)
+    return _marked(node.this) if isinstance(node, exp.Placeholder) else None
 
 
 def mentions_slot(text: str) -> bool:
@@ -194,11 +191,16 @@ def mentions_slot(text: str) -> bool:
     return _PREFIX in text
 
 
+def token_literal(token: Token) -> exp.Literal:
+    """The literal sqlglot's parser makes of a number or string ``token``."""
+    return exp.Literal(this=token.text, is_string=token.token_type == TokenType.STRING)
+
+
 def literal_node(token: Token, operand: exp.Expression) -> exp.Expression:
     """The node sqlglot's parser makes of literal ``token`` in the place of ``operand`` (a slot
     operand): the literal, with its position in the text, inside a copy of the operand's minuses
     and typed literals."""
-    literal = exp.Literal(this=token.text, is_string=token.token_type == TokenType.STRING)
+    literal = token_literal(token)
     literal.update_positions(token)
     if not isinstance(operand, _WRAPPERS):
         return literal
@@ -214,15 +216,16 @@ Path = tuple[tuple[str, int | None], ...]
 """Where a node is in a tree: the argument name (and list index) taken at each step down."""
 
 
-def operand_paths(tree: exp.Expression) -> dict[int, Path]:
-    """Where each slot operand (a slot, or a negated slot) of ``tree`` is; a slot that stands
-    in several places (a BETWEEN SYMMETRIC's two orders) keeps the first."""
-    paths: dict[int, Path] = {}
+def operand_paths(tree: exp.Expression) -> dict[int, tuple[Path, ...]]:
+    """Where each slot operand (a slot, inside any minuses and typed literals) of ``tree`` is:
+    one place each, or several when the analysis copied it (a BETWEEN SYMMETRIC's two
+    orders)."""
+    paths: dict[int, list[Path]] = {}
 
     def down(node: exp.Expression, path: Path) -> None:
         index = slot_index(node)
         if index is not None:
-            paths.setdefault(index, path)
+            paths.setdefault(index, []).append(path)
             return
         for key, value in node.args.items():
             if isinstance(value, exp.Expression):
@@ -233,32 +236,31 @@ def operand_paths(tree: exp.Expression) -> dict[int, Path]:
                         down(item, (*path, (key, position)))
 
     down(tree, ())
-    return paths
+    return {index: tuple(found) for index, found in paths.items()}
 
 
-def filled(tree: exp.Expression, values: Mapping[int, exp.Expression]) -> exp.Expression:
-    """A copy of ``tree`` with each slot operand replaced by a copy of ``values[index]``."""
-
-    def fill(node: exp.Expression) -> exp.Expression:
-        index = slot_index(node)
-        return node if index is None else values[index].copy()
-
-    return tree.transform(fill)
+def node_at(tree: exp.Expression, path: Path) -> exp.Expression:
+    """The node of ``tree`` at ``path``."""
+    node = tree
+    for key, position in path:
+        node = node.args[key] if position is None else node.args[key][position]
+    return node
 
 
-def filled_at(
-    tree: exp.Expression, paths: Mapping[int, Path], values: Mapping[int, exp.Expression]
+def filled(
+    tree: exp.Expression,
+    paths: Mapping[int, tuple[Path, ...]],
+    values: Mapping[int, exp.Expression],
 ) -> exp.Expression:
-    """``filled(tree, values)`` when each slot stands in one place, found by its path (from
-    ``operand_paths``) rather than by walking the tree: a copy of ``tree``, then one ``set``
-    per slot."""
+    """A copy of ``tree`` with the slot operand at each of ``paths[index]`` (from
+    ``operand_paths``; never the root) replaced by ``values[index]`` (a copy of it after its
+    first place)."""
     copied = tree.copy()
-    for index, path in paths.items():
-        parent = copied
-        for key, position in path[:-1]:
-            parent = parent.args[key] if position is None else parent.args[key][position]
-        key, position = path[-1]
-        parent.set(key, values[index], index=position)
+    for index, places in paths.items():
+        for n, path in enumerate(places):
+            key, position = path[-1]
+            value = values[index] if n == 0 else values[index].copy()
+            node_at(copied, path[:-1]).set(key, value, index=position)
     return copied
 
 
