@@ -130,10 +130,14 @@ class Binder:
         return self._run(sql)
 
     def _run(self, sql: str) -> pd.DataFrame:
+        return self.backend.run(self._in_dialect(sql))
+
+    def _in_dialect(self, sql: str) -> str:
+        """``sql`` (DuckDB's dialect) in the backend's dialect."""
         dialect = getattr(self.backend, "dialect", "duckdb")
         if dialect != "duckdb":
             sql = sqlglot.transpile(sql, read="duckdb", write=dialect)[0]
-        return self.backend.run(sql)
+        return sql
 
     # literals -----------------------------------------------------------------------------------
     def convert(self, literals: Sequence[exp.Cast], what: str) -> list[exp.Cast]:
@@ -207,10 +211,7 @@ class Binder:
 
     def _rows(self, sql: str) -> list[tuple[object, ...]]:
         """The rows of ``sql`` (DuckDB's dialect) on the backend, as tuples."""
-        dialect = getattr(self.backend, "dialect", "duckdb")
-        if dialect != "duckdb":
-            sql = sqlglot.transpile(sql, read="duckdb", write=dialect)[0]
-        return list(rows_of(self.backend, sql).data)  # type: ignore[arg-type]
+        return list(rows_of(self.backend, self._in_dialect(sql)).data)  # type: ignore[arg-type]
 
     @staticmethod
     def _refuse(literal: exp.Cast, text: str, type_sql: str, what: str) -> None:
