@@ -16,6 +16,14 @@ the machine slows both sides alike; each figure is the median over ``--repeats``
 - ``fresh text``: a different text each call (a comment with a counter), so every call parses,
   checks and binds.
 
+``floor`` is the steps every such answer must take, and nothing else, with the generated SQL
+run in the same call: for ``new values``, reading the text's tokens (sqlglot), the database's
+conversion of the new literal before the charge (the binder's own probe: what dpsql charges and
+what DuckDB reads agree in DuckDB's semantics), the ledger's charge of the plan and one noise
+draw; for ``fresh text``, parsing the text and writing it normalized for the ledger (sqlglot),
+the charge and the draw. No check, binding, plan, release or stored result. Its overhead is a
+lower bound of dpsql's on this machine: where it exceeds the target, the target cannot be met.
+
 ``in loop`` is dpsql's CPU per call minus the CPU spent inside its calls to the database, in the
 same loop: the Python work itself, measured where it runs. It is larger than the same work timed
 back to back (``--stages``): after each query the Python runs with caches the database's work
@@ -43,6 +51,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import duckdb
+import sqlglot
+from sqlglot import exp
 
 import dpsql
 from dpsql import deadline
@@ -178,6 +188,42 @@ def stage_times(session: dpsql.Session, sql: str, calls: int) -> dict[str, float
     return times
 
 
+def floors(
+    session: dpsql.Session, raw: duckdb.DuckDBPyConnection, text: Callable[[int], str]
+) -> dict[str, Callable[[], object]]:
+    """The mandated steps alone (the module docstring's ``floor``), for the texts ``text(n)``
+    (``{low}`` = -n), with the SQL and plan dpsql made for the first of them."""
+    ledger, rng = session.ledger_store, session.rng
+    shaped = session.bind(text(1))
+    plan = session._plan(shaped, 0.01, None, None, None, None)
+    shown = stages.summary(plan, shaped.bound.shape, None)
+    generated = release.bounded_sql(plan, 1, session.backend.dialect)
+    integer = exp.DataType.build(session.backend.catalog()["requests"]["age"])
+    counter = itertools.count(2)
+
+    def charged(sql: str) -> float:
+        ledger.charge(
+            analyst=session.analyst, event=plan.event, query=sql, plan=shown,
+            mechanism=plan.mechanism,
+        )  # fmt: skip
+        return float(raw.execute(generated).fetchall()[0][0] or 0) + rng.laplace(0.0, 1.0)
+
+    def new_values() -> float:
+        low = next(counter)
+        sql = text(low)
+        sqlglot.tokenize(sql, read="duckdb")
+        literal = exp.Cast(this=exp.Literal.string(str(-low)), to=integer)
+        session.binder.convert([literal], "literal")
+        return charged(sql)
+
+    def fresh() -> float:
+        sql = f"{text(1)} -- {next(counter)}"
+        sqlglot.parse_one(sql, read="duckdb").sql(dialect="duckdb")
+        return charged(sql)
+
+    return {"floor, new values": new_values, "floor, fresh text": fresh}
+
+
 def _deadline(session: dpsql.Session) -> None:
     with deadline.request(session.policy.dataset.time_limit):
         pass
@@ -202,7 +248,7 @@ def main() -> None:
             f"of {args.queries}; load average {os.getloadavg()[0]:.2f} at the start"
         )
         print(
-            f"{'shape':24s} {'text':10s} {'dpsql':>8s} {'duckdb':>8s} {'overhead':>9s} "
+            f"{'shape':24s} {'text':17s} {'dpsql':>8s} {'duckdb':>8s} {'overhead':>9s} "
             f"{'in loop':>8s} {'fsync cpu':>10s} {'fsync wall':>11s}"
         )
         with dpsql.Session(database, analyst="alice", backend=backend) as session:
@@ -245,7 +291,7 @@ def main() -> None:
                     fsync = times["synced"][0] - times["repeated"][0]
                     fsync_wall = times["synced"][1] - times["repeated"][1]
                     print(
-                        f"{label:24s} {text:10s} {ours:8.3f} {theirs:8.3f} {ours - theirs:9.3f} "
+                        f"{label:24s} {text:17s} {ours:8.3f} {theirs:8.3f} {ours - theirs:9.3f} "
                         f"{times[text][2]:8.3f} {fsync:10.3f} {fsync_wall:11.3f}"
                     )
                 if args.stages:
@@ -264,17 +310,20 @@ def main() -> None:
                 def own_new(generated: str = generated) -> object:
                     return raw.execute(generated).fetchall()
 
+                floor = floors(session, raw, lambda n, t=template: t.format(low=-n))
                 times = interleaved(
-                    {"new values": new_values, "duckdb": own_new},
+                    {"new values": new_values, "duckdb": own_new, **floor},
                     args.queries,
                     args.repeats,
                     inside=lambda: backend.inside,
                 )
-                ours, theirs = times["new values"][0], times["duckdb"][0]
-                print(
-                    f"{label:24s} {'new values':10s} {ours:8.3f} {theirs:8.3f} "
-                    f"{ours - theirs:9.3f} {times['new values'][2]:8.3f}"
-                )
+                theirs = times["duckdb"][0]
+                for text in ("new values", *floor):
+                    ours = times[text][0]
+                    print(
+                        f"{label:24s} {text:17s} {ours:8.3f} {theirs:8.3f} {ours - theirs:9.3f}"
+                        + (f" {times[text][2]:8.3f}" if text == "new values" else "")
+                    )
             ledger.execute("PRAGMA synchronous=FULL")
         raw.close()
     print(
