@@ -112,6 +112,8 @@ class StreamDesk:
         self._pmw: dict[tuple[str, str], OnlinePMW] = {}
         self._reserved: dict[int, str] = {}
         self._selections: dict[tuple[tuple[StreamColumn, ...], str], np.ndarray] = {}
+        self._selected_cells = 0
+        """The cells of ``_selections``, together."""
         """Cells each (stream columns, bound predicate) selects (``_selected``)."""
         """The name each charge of this session reserved (by ledger entry)."""
 
@@ -514,24 +516,28 @@ class StreamDesk:
         }
 
     def _selected(self, shape: QueryShape, stream: Stream) -> np.ndarray:
-        """The cells the WHERE selects, decided by DuckDB over the cells' values (no data), or
-        for plain comparisons of integer ticks with bound literals without a round trip
-        (``cells_selected_ticks`` says why that is the same). A selection depends on the
-        stream's declared columns and the bound predicate only, so it is kept per (columns,
-        predicate) for the session; no data, answer or state of a stream enters it."""
+        """The cells the WHERE selects: for plain comparisons of integer ticks with bound
+        literals, computed without a round trip (``cells_selected_ticks`` says why that is the
+        same), else decided by DuckDB over the cells' values (no data). A selection depends on
+        the stream's declared columns and the bound predicate only, so DuckDB's is kept per
+        (columns, predicate) for the session; no data, answer or state of a stream enters it."""
         where, _ = split_where(shape.where, {c.name for c in stream.columns})
         if where is None:
             return np.ones(stream.cells, dtype=bool)
+        selected = cells_selected_ticks(where, stream.columns)
+        if selected is not None:
+            selected.flags.writeable = False
+            return selected
         key = (stream.columns, where.sql(dialect="duckdb"))
         selected = self._selections.get(key)
         if selected is None:
-            selected = cells_selected_ticks(where, stream.columns)
-            if selected is None:
-                selected = self._selected_by_database(where, stream)
+            selected = self._selected_by_database(where, stream)
             selected.flags.writeable = False
-            if sum(kept.size for kept in self._selections.values()) > _SELECTED_CELLS_KEPT:
+            if self._selected_cells > _SELECTED_CELLS_KEPT:
                 self._selections.clear()
+                self._selected_cells = 0
             self._selections[key] = selected
+            self._selected_cells += selected.size
         return selected
 
     def _selected_by_database(self, where: exp.Expression, stream: Stream) -> np.ndarray:

@@ -165,7 +165,7 @@ def _integer_literal(node: exp.Expression) -> int:
         isinstance(node, exp.Cast)
         and isinstance(node.this, exp.Literal)
         and node.this.is_string
-        and node.to.is_type(*exp.DataType.INTEGER_TYPES)
+        and node.to.this in exp.DataType.INTEGER_TYPES  # is_type's test, without building types
     ):
         raise _NotPlain
     text = node.this.this

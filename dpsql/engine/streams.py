@@ -706,7 +706,7 @@ def _canonical(conjunct: exp.Expression) -> str:
             return exp.column(node.name, quoted=True)
         return node
 
-    return conjunct.copy().transform(quoted).sql(dialect="duckdb")
+    return conjunct.transform(quoted).sql(dialect="duckdb")  # transform copies
 
 
 def split_where(
@@ -747,8 +747,15 @@ def answerable(shape: QueryShape, stream: Stream) -> bool:
     fixed filter AND conditions on the stream's columns only."""
     if not stream_shaped(shape) or shape.table.lower() != stream.table.lower():
         return False
-    _, fixed = split_where(shape.where, {c.name for c in stream.columns})
-    return fixed == fixed_filter(stream)
+    names = {c.name for c in stream.columns}
+    wanted = fixed_filter(stream)
+    if not wanted:  # split_where's fixed part is empty exactly when no conjunct is outside
+        return all(
+            all(c.name in names for c in conjunct.find_all(exp.Column))
+            for conjunct in conjuncts(shape.where)
+        )
+    _, fixed = split_where(shape.where, names)
+    return fixed == wanted
 
 
 def dense_histogram(frame: Any, cells: int) -> np.ndarray:

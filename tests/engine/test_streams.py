@@ -605,3 +605,35 @@ def test_opening_states_the_error_and_warns_when_it_is_wider_than_the_table(peop
         tree = session.open_stream("people", [("income", 1)], epsilon=1.0, mechanism="range_tree")
         assert not tree["stated_error"]["warnings"]
         assert tree["stated_error"]["tree_whole_domain"] < tree["stated_error"]["tree_inner_range"]
+
+
+@pytest.mark.parametrize(
+    "where",
+    [
+        "",
+        "WHERE age BETWEEN 1 AND 5",
+        "WHERE (age < 5 AND age > 1)",
+        "WHERE NOT (age < 5)",
+        "WHERE age < 5 AND city = 'a'",
+        "WHERE age < 5 OR city = 'a'",
+        "WHERE city = 'a'",
+        "WHERE income < 5 AND age > 1",
+    ],
+)
+def test_a_stream_answers_exactly_the_queries_its_fixed_filter_matches(people, where) -> None:
+    """``answerable``: the WHERE's conjuncts outside the stream's columns, in canonical form,
+    are the stream's fixed filter (none without one, which is decided without writing them)."""
+    from dpsql.engine.streams import answerable, fixed_filter, split_where
+
+    database, _ = people
+    with _connect(database) as session:
+        session.open_stream("people", [("age", 1)], epsilon=1.0, mechanism="range_tree")
+        session.open_stream(
+            "people", [("age", 1)], epsilon=1.0, mechanism="range_tree", filter="city = 'a'"
+        )
+        streams = session._streams._store.for_table("people")
+        assert sorted(len(fixed_filter(s)) for s in streams) == [0, 1]
+        shape = session.bind(f"SELECT COUNT(*) FROM people {where}").bound.shape
+        for stream in streams:
+            _, fixed = split_where(shape.where, {c.name for c in stream.columns})
+            assert answerable(shape, stream) == (fixed == fixed_filter(stream))

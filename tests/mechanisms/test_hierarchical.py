@@ -202,3 +202,27 @@ def test_a_union_of_ranges_adds_values_and_weights() -> None:
     assert union.upper - union.value >= max(tree.half_width(3, 20), tree.half_width(50, 61)) / 2
     whole = tree.answer_cells(np.ones(100, dtype=bool))
     assert whole.value == pytest.approx(tree.estimate(0, 100))
+
+
+def test_a_kept_half_width_is_the_one_computed_for_that_selection() -> None:
+    """``cells_half_width`` keeps widths by selection (routing states one, the answer reuses it):
+    each selection, asked in any order, again, or at another confidence, gets the width a tree
+    that kept nothing computes."""
+    tree, _ = _tree(100, 10, 3)
+    rng = _rng(4)
+    selections = [rng.random(100) < p for p in (0.1, 0.5, 0.9)] + [np.eye(100, dtype=bool)[7]]
+
+    def fresh(selected: np.ndarray, confidence: float) -> float:
+        return HierarchicalHistogram.from_bytes(tree.to_bytes()).cells_half_width(
+            selected, confidence
+        )
+
+    asked = [(s, c) for c in (0.95, 0.5) for s in selections]
+    expected = [fresh(s, c) for s, c in asked]
+    assert len(set(expected)) == len(expected)  # the selections' widths differ
+    for _ in range(2):
+        for (selected, confidence), width in zip(asked, expected, strict=True):
+            assert tree.cells_half_width(selected, confidence) == width
+            assert tree.answer_cells(selected, confidence).upper == pytest.approx(
+                tree.answer_cells(selected, confidence).value + width
+            )
