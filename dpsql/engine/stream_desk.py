@@ -520,8 +520,13 @@ class StreamDesk:
         literals, computed without a round trip (``cells_selected_ticks`` says why that is the
         same), else decided by DuckDB over the cells' values (no data). A selection depends on
         the stream's declared columns and the bound predicate only, so DuckDB's is kept per
-        (columns, predicate) for the session; no data, answer or state of a stream enters it."""
-        where, _ = split_where(shape.where, {c.name for c in stream.columns})
+        (columns, predicate) for the session; no data, answer or state of a stream enters it.
+        ``stream`` answers ``shape`` (``answerable``): without a fixed filter, every conjunct of
+        the WHERE is on its columns, and the WHERE is read as it is."""
+        if fixed_filter(stream):
+            where, _ = split_where(shape.where, {c.name for c in stream.columns})
+        else:
+            where = shape.where
         if where is None:
             return np.ones(stream.cells, dtype=bool)
         selected = cells_selected_ticks(where, stream.columns)
