@@ -111,11 +111,12 @@ class StreamDesk:
         self._trees: dict[tuple[str, str], HierarchicalHistogram | None] = {}
         self._pmw: dict[tuple[str, str], OnlinePMW] = {}
         self._reserved: dict[int, str] = {}
+        """The name each charge of this session reserved (by ledger entry)."""
         self._selections: dict[tuple[tuple[StreamColumn, ...], str], np.ndarray] = {}
+        """Cells each (stream columns, bound predicate) selects, as DuckDB decided them
+        (``_selected``)."""
         self._selected_cells = 0
         """The cells of ``_selections``, together."""
-        """Cells each (stream columns, bound predicate) selects (``_selected``)."""
-        """The name each charge of this session reserved (by ledger entry)."""
 
     def close(self) -> None:
         self._store.close()
