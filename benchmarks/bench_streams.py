@@ -289,6 +289,8 @@ def _engine(database: Path, table: pd.DataFrame, args) -> None:
         )
         first = desk.route(bound[0].bound.shape, None)
         assert first is not None and first.stream.mechanism == "range_tree", first
+        # The stream's tree as stored, answered here apart from the desk: it computes again the
+        # half-width routing stated (the desk's own tree keeps it), so this is an upper bound.
         tree = HierarchicalHistogram.from_bytes(first.stream.data)
         start = time.process_time()
         for query in bound:
