@@ -51,7 +51,13 @@ import dpsql
 from dpsql.engine.backends import DUCKDB_CONFIG
 from dpsql.engine.session import ledger_path
 from dpsql.engine.synopses import SynopsisStore
-from dpsql.mechanisms import combined, gaussian_threshold, threshold, weighted_selection
+from dpsql.mechanisms import (
+    combined,
+    gaussian_threshold,
+    joint_selection,
+    threshold,
+    weighted_selection,
+)
 from dpsql.mechanisms.combined import CombinedRelease
 from dpsql.mechanisms.laplace import noise_scale
 from dpsql.mechanisms.random import _seeded_for_tests
@@ -144,7 +150,7 @@ class Instrumented:
 
     @contextlib.contextmanager
     def patched(self) -> Iterator[None]:
-        modules = (threshold, combined, gaussian_threshold, weighted_selection)
+        modules = (threshold, combined, gaussian_threshold, weighted_selection, joint_selection)
         targets: list[tuple[Any, str, str]] = [(module, "release", "mech") for module in modules]
         targets.append((SynopsisStore, "save", "store"))
         saved = [(owner, name, getattr(owner, name)) for owner, name, _ in targets]
