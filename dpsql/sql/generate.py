@@ -690,13 +690,20 @@ def _ranking(
     if every_unit:
         pass
     elif weights:
-        # Every unit's number of cells (its weights), from one aggregation joined back.
+        # Every unit's number of cells (its weights), from one aggregation joined back. The
+        # units over a bound (usually few) are joined apart: DuckDB materializes a CTE read
+        # twice, and reading ``sized`` (every cell with its unit's size) twice wrote it out
+        # whole; read once it streams, and only ``sizes`` (a row per unit) is read twice (the
+        # default key release's SQL 17% faster at 10M rows, docs/development.md).
         ctes.append(
             f"sizes AS (SELECT __unit AS __sized, COUNT(*) AS __unit_keys, ({bound}) AS __over "
             "FROM cells GROUP BY __unit)"
         )
         ctes.append("sized AS (SELECT * FROM cells JOIN sizes ON __unit = __sized)")
-        ctes.append(f"over AS (SELECT {', '.join(carried)}, __unit_keys FROM sized WHERE __over)")
+        ctes.append(
+            f"over AS (SELECT {', '.join(carried)}, __unit_keys FROM cells JOIN "
+            "(SELECT * FROM sizes WHERE __over) AS __units_over ON __unit = __sized)"
+        )
         carried.append("__unit_keys")
         ordered, within = "over", "sized WHERE NOT __over"
     else:
