@@ -220,6 +220,9 @@ class Session:
         """Plans of bound queries asked again with the same arguments under the same policy
         (a plan is a function of those alone), and their summaries (``Kept``)."""
         self._shown: Kept[tuple[dict[str, Any], str]] = Kept()
+        self._synopsis_releases: Kept[CombinedRelease] = Kept(size=16)
+        """Stored synopses read back, by name, ledger entry and creation time: a stored
+        synopsis is never changed (its name is the table's key, and it is only inserted)."""
         # Released answers and synopses live in the ledger file too: opened once per session,
         # not once per query.
         self._results = ResultStore(ledger_path(database))
@@ -622,7 +625,10 @@ class Session:
     ) -> QueryResult:
         synopsis, query = found
         shape, normalized = shaped.bound.shape, shaped.normalized
-        release = CombinedRelease.from_bytes(synopsis.data)
+        release = self._synopsis_releases.get(
+            (synopsis.name, synopsis.ledger_entry, synopsis.created),
+            lambda: CombinedRelease.from_bytes(synopsis.data),
+        )
         keys = np.array(query.keys, dtype=object if isinstance(query.keys[0], str) else None)
         answer = release.answer(
             keys, confidence=self.policy.dataset.confidence, keys_per_row=1 / ALP_ROWS_PER_KEY

@@ -182,3 +182,35 @@ def test_synopsis_answers_carry_their_error_bound(database: Path, rng) -> None:
     ((low, high),) = both.intervals[both.columns[0]]
     assert low <= 751 <= high
     assert "at most 1 per person per key" in heavy.measures[heavy.columns[0]]
+
+
+def test_a_stored_synopsis_is_read_back_once_and_a_newer_one_replaces_it(
+    database: Path, rng, monkeypatch
+) -> None:
+    """A session reads a stored synopsis once (it is never changed); a newer synopsis over the
+    same column answers from then on, read in turn, with the answers it gives itself."""
+    from dpsql.mechanisms.combined import CombinedRelease
+
+    reads: list[int] = []
+    from_bytes = CombinedRelease.from_bytes.__func__  # type: ignore[attr-defined]
+
+    def counted(cls, data):  # type: ignore[no-untyped-def]
+        reads.append(len(data))
+        return from_bytes(cls, data)
+
+    monkeypatch.setattr(CombinedRelease, "from_bytes", classmethod(counted))
+    point = "SELECT COUNT(*) FROM hits WHERE url = '/heavy/9'"
+    group = "SELECT url, COUNT(*) FROM hits GROUP BY url"
+    with seeded_connect(database, analyst="a", rng=rng) as db:
+        db.execute(group, epsilon=2.0, delta=1e-6, mechanism="alp")
+        first = [db.execute(point) for _ in range(3)]
+        assert len(reads) == 1
+        assert len({(a.mechanism, a.rows[0], str(a.intervals)) for a in first}) == 1
+        db.execute(group, epsilon=4.0, delta=1e-6, mechanism="alp")
+        second = [db.execute(point) for _ in range(2)]
+        assert len(reads) == 2
+        assert second[0].mechanism != first[0].mechanism
+        assert second[0].rows == second[1].rows
+    with seeded_connect(database, analyst="a", rng=rng) as other:  # a session reads it afresh
+        assert other.execute(point).rows == second[0].rows
+    assert len(reads) == 3
