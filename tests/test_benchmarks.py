@@ -23,7 +23,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 RUNS = {
     "bench_streams.py": (
         ["--rows", "20000", "--queries", "50", "--timed", "10", "--engine"],
-        "the answer: cells chosen + tree answer",
+        "CPU per point count from a stored synopsis",
     ),
     "bench_histogram.py": (["--rows", "100000", "--skip-utility"], "dpsql default"),
     "bench_publish.py": (["--quick"], "popularity (eps = 20)"),
