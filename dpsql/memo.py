@@ -2,11 +2,12 @@
 and generated SQL fragments as the same objects, so what was computed from them once is not
 computed again.
 
-:class:`Kept` keys each result by its inputs: plain values (numbers, text, None) by value, any
-other object by its identity, which is safe only for objects nobody changes (bound shapes, plans,
-policies and converted keys are never changed once made). It holds the objects it keys by, so no
-other object can take their identity while it keeps them, and forgets everything once it holds
-``size`` results (a bound on memory, not an LRU: what recurs is computed again once).
+:class:`Kept` keys each result by its inputs: plain values (numbers, text, bytes, None) by
+value, any other object by its identity, which is safe only for objects nobody changes (bound
+shapes, plans, policies and converted keys are never changed once made). It holds the objects
+it keys by, so no other object can take their identity while it keeps them, and forgets
+everything once it holds ``size`` results (a bound on memory, not an LRU: what recurs is
+computed again once).
 
 >>> kept = Kept(size=2)
 >>> made = []
@@ -23,7 +24,7 @@ __all__ = ["Kept"]
 
 T = TypeVar("T")
 
-_BY_VALUE = (str, int, float, bool, type(None))
+_BY_VALUE = (str, bytes, int, float, bool, type(None))
 
 
 def _key(inputs: tuple[object, ...]) -> tuple[Hashable, ...]:
@@ -39,13 +40,12 @@ class Kept(Generic[T]):
 
     def get(self, inputs: tuple[object, ...], make: Callable[[], T]) -> T:
         """The result kept for ``inputs``, else ``make()`` (kept; an exception keeps nothing)."""
-        key = _key(inputs)
-        found = self._kept.get(key)
-        if found is None:
-            if len(self._kept) >= self.size:
-                self._kept.clear()
-            found = self._kept[key] = (inputs, make())
-        return found[1]
+        found = self._kept.get(_key(inputs))
+        if found is not None:
+            return found[1]
+        result = make()
+        self.put(inputs, result)
+        return result
 
     def find(self, inputs: tuple[object, ...]) -> T | None:
         """The result kept for ``inputs``, or None."""

@@ -719,11 +719,16 @@ def split_where(
     stream: list[exp.Expression] = []
     fixed: set[str] = set()
     for conjunct in conjuncts(where):
-        if all(c.name in names for c in conjunct.find_all(exp.Column)):
+        if _only_columns(conjunct, names):
             stream.append(conjunct.copy())
         else:
             fixed.add(_canonical(conjunct))
     return (exp.and_(*stream) if stream else None), tuple(sorted(fixed))
+
+
+def _only_columns(conjunct: exp.Expression, names: set[str]) -> bool:
+    """Whether ``conjunct`` reads no column but ``names`` (a stream's part of a WHERE)."""
+    return all(c.name in names for c in conjunct.find_all(exp.Column))
 
 
 def fixed_filter(stream: Stream) -> tuple[str, ...]:
@@ -750,10 +755,7 @@ def answerable(shape: QueryShape, stream: Stream) -> bool:
     names = {c.name for c in stream.columns}
     wanted = fixed_filter(stream)
     if not wanted:  # split_where's fixed part is empty exactly when no conjunct is outside
-        return all(
-            all(c.name in names for c in conjunct.find_all(exp.Column))
-            for conjunct in conjuncts(shape.where)
-        )
+        return all(_only_columns(conjunct, names) for conjunct in conjuncts(shape.where))
     _, fixed = split_where(shape.where, names)
     return fixed == wanted
 

@@ -59,6 +59,7 @@ import numpy as np
 
 from dpsql.errors import ParameterError
 from dpsql.mechanisms.laplace import noise_scale, sample_discrete_laplace
+from dpsql.memo import Kept
 
 __all__ = ["HierarchicalHistogram", "RangeAnswer", "choose_branching", "release_hierarchical"]
 
@@ -103,10 +104,6 @@ class RangeAnswer:
     confidence: float
 
 
-_WIDTHS_KEPT = 256
-"""Half-widths a tree keeps, by selection (``cells_half_width``)."""
-
-
 def _sums(values: np.ndarray, branching: int) -> np.ndarray:
     return values.reshape(-1, branching).sum(axis=1)
 
@@ -130,7 +127,9 @@ class HierarchicalHistogram:
         leaves = self.consistent()
         object.__setattr__(self, "_leaves", leaves)
         object.__setattr__(self, "_prefix", np.concatenate([[0.0], np.cumsum(leaves)]))
-        object.__setattr__(self, "_widths", {})
+        # A stream states a width before it answers (routing compares them), then answers
+        # with it: kept by selection, a pure function of public values.
+        object.__setattr__(self, "_widths", Kept(size=256))
 
     # --- consistency (Hay et al. 2010) -----------------------------------------------------------
     def _coefficients(self, level: int) -> tuple[float, float]:
@@ -210,19 +209,13 @@ class HierarchicalHistogram:
         mask = np.asarray(selected)
         if mask.dtype != np.bool_ or mask.shape != (self.cells,):
             raise ParameterError(f"selected must be a boolean vector over the {self.cells} cells")
-        # A stream states the width before it answers (routing compares them), then answers
-        # with it: kept per selection, a pure function of public values.
-        widths: dict[tuple[bytes, float], float] = self._widths  # type: ignore[attr-defined]
-        key = (np.packbits(mask).tobytes(), float(confidence))
-        width = widths.get(key)
-        if width is None:
+        def computed() -> float:
             indicator = np.zeros(self.noisy[0].size)
             indicator[: self.cells] = mask
-            width = self._half_width(self._adjoint(indicator), confidence)
-            if len(widths) >= _WIDTHS_KEPT:
-                widths.clear()
-            widths[key] = width
-        return width
+            return self._half_width(self._adjoint(indicator), confidence)
+
+        widths: Kept[float] = self._widths  # type: ignore[attr-defined]
+        return widths.get((np.packbits(mask).tobytes(), float(confidence)), computed)
 
     def _half_width(self, weights: list[np.ndarray], confidence: float) -> float:
         if not 0.0 < confidence < 1.0:
